@@ -1,0 +1,3 @@
+from marlkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,309 @@
+"""The agent seen by the runner, and the shared on-policy machinery.
+
+``Agent`` is the whole interface the runner uses: ``act``, ``store``, ``update``, ``state_dict`` /
+``load_state_dict``. ``OnPolicyAgent`` collects rollouts, computes GAE advantages (with value
+normalisation and masked agent slots) and runs epochs of minibatch updates; an algorithm on top of
+it builds its networks and writes ``policy``, ``values`` and ``loss``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from marlkit.buffers import RolloutBuffer, Transition, compute_gae, minibatches
+from marlkit.config import ConfigError, OnPolicyConfig, to_plain
+from marlkit.envs.core import GroupSpec
+from marlkit.networks.normalization import ValueNorm
+
+CHECKPOINT_VERSION = 1
+
+
+class TrainingDivergedError(RuntimeError):
+    """A loss or gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+class CheckpointMismatchError(ValueError):
+    """A checkpoint that belongs to another agent, env or group."""
+
+
+@dataclass
+class ActOut:
+    """What ``act`` returns for ``E`` envs of one group of ``A`` agents."""
+
+    actions: np.ndarray                 # [E, A, *action_shape]
+    log_prob: np.ndarray                # [E, A]
+    value: np.ndarray | None = None     # [E, A], None when the agent computes values at update time
+    hidden: np.ndarray | None = None    # [E, A, ...] to feed the next act; the runner zeroes reset envs
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+@dataclass
+class Bootstrap:
+    """The observation after the last stored step, to value the rollout's tail."""
+
+    obs: np.ndarray           # [E, A, *obs_shape]
+    state: np.ndarray         # [E, *state_shape]
+    agent_mask: np.ndarray    # [E, A]
+    action_mask: np.ndarray   # [E, A, n_actions]
+    hidden: np.ndarray | None
+
+
+def action_layout(space: spaces.Space) -> tuple[tuple[int, ...], Any]:
+    """(per-agent action shape, dtype) as the runner passes actions around."""
+    if isinstance(space, spaces.Discrete):
+        return (), np.int64
+    if isinstance(space, spaces.MultiDiscrete):
+        return (len(space.nvec),), np.int64
+    return tuple(space.shape), np.float32
+
+
+class Agent:
+    """Controls one group of agents in ``E`` envs. Subclass and ``@register_agent`` to add one."""
+
+    config_cls: type = OnPolicyConfig
+    registered_name: str = ""
+    learns = True
+
+    def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
+                 seed: int = 0, device: str = "cpu"):
+        self.group, self.state_shape, self.cfg = group, tuple(state_shape), cfg
+        self.num_envs, self.horizon, self.device = num_envs, horizon, device
+        self.n_agents = group.n_agents
+        self.rng = np.random.default_rng(seed)
+
+    def initial_hidden(self, num_envs: int) -> np.ndarray | None:
+        return None
+
+    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
+        raise NotImplementedError
+
+    def store(self, step: Transition) -> None:
+        """Keep one transition; agents that do not learn ignore it."""
+
+    def update(self, bootstrap: Bootstrap) -> dict[str, float]:
+        """Learn from the stored rollout; returns metrics to log."""
+        return {}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        return {"version": CHECKPOINT_VERSION, "agent": self.registered_name, "group": self.group.signature(),
+                "config": to_plain(self.cfg), "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        check_compatible(state, self.registered_name, self.group)
+        if not weights_only:
+            self.rng.bit_generator.state = state["rng"]
+
+    def save(self, path: str | Path) -> None:
+        torch.save(self.state_dict(), path)
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        self.load_state_dict(torch.load(path, weights_only=False), weights_only)
+
+
+def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:
+    if state.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointMismatchError(f"checkpoint version {state.get('version')} is not supported "
+                                      f"(this marlkit writes version {CHECKPOINT_VERSION})")
+    if state.get("agent") != agent:
+        raise CheckpointMismatchError(f"the checkpoint of group {group.name!r} was trained by agent "
+                                      f"{state.get('agent')!r}, but this run uses {agent!r}")
+    theirs, ours = state.get("group", {}), group.signature()
+    if theirs != ours:
+        diff = [k for k in ours if theirs.get(k) != ours[k]]
+        raise CheckpointMismatchError(
+            f"the checkpoint of group {group.name!r} was trained on a different env: "
+            + "; ".join(f"{k} was {theirs.get(k)!r}, now {ours[k]!r}" for k in diff))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+class OnPolicyAgent(Agent):
+    """Rollout collection, GAE and the minibatch update loop shared by on-policy algorithms.
+
+    Subclasses implement ``build`` (create ``self.actor``/``self.critic`` modules), ``policy``,
+    ``values`` and ``loss``. Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
+    """
+
+    def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu"):
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device)
+        self.generator = torch.Generator().manual_seed(int(seed))
+        torch.manual_seed(int(seed))
+        self.modules = nn.ModuleDict(self.build())
+        self.value_norm = ValueNorm() if cfg.value_norm else None
+        if self.value_norm is not None:
+            self.modules["value_norm"] = self.value_norm
+        self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5)
+        self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
+        self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
+        self.chunk_length = (cfg.chunk_length or horizon) if self.recurrent else 1
+        if horizon % self.chunk_length:
+            raise ConfigError(f"agents.{self.registered_name}.chunk_length={self.chunk_length} must divide "
+                              f"runner.horizon={horizon}")
+        action_shape, action_dtype = action_layout(group.action_space)
+        self.buffer = RolloutBuffer(horizon, num_envs, group.n_agents, group.obs_shape,
+                                    group.observation_space.dtype or np.float32, self.state_shape, action_shape,
+                                    action_dtype, group.n_actions,
+                                    (2, self.hidden_size) if self.recurrent else None)
+        self._episode_start = np.ones(num_envs, bool)
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def build(self) -> dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": self.modules.parameters(), "lr": self.cfg.lr}]
+
+    def policy(self, obs, state, hidden, episode_start, action_mask):
+        """-> (distribution over ``[L, B, A]`` actions, next actor hidden ``[B, A, H]`` or None)."""
+        raise NotImplementedError
+
+    def values(self, obs, state, hidden, episode_start):
+        """-> (normalised values ``[L, B, A]``, next critic hidden ``[B, A, H]`` or None)."""
+        raise NotImplementedError
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        raise NotImplementedError
+
+    @property
+    def critic_acts_online(self) -> bool:
+        """A recurrent critic needs its hidden state stepped while acting, so it values online;
+        a feed-forward one is evaluated once per rollout in a single batched pass."""
+        return self.recurrent
+
+    # ------------------------------------------------------------------ acting
+
+    def initial_hidden(self, num_envs: int) -> np.ndarray | None:
+        if not self.recurrent:
+            return None
+        return np.zeros((num_envs, self.n_agents, 2, self.hidden_size), np.float32)
+
+    @staticmethod
+    def split_hidden(hidden: torch.Tensor | None):
+        if hidden is None:
+            return None, None
+        return hidden[..., 0, :], hidden[..., 1, :]
+
+    def _denormalize(self, value: torch.Tensor) -> torch.Tensor:
+        return self.value_norm.denormalize(value) if self.value_norm is not None else value
+
+    @torch.inference_mode()
+    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
+        o = torch.from_numpy(obs).unsqueeze(0)
+        s = torch.from_numpy(state).unsqueeze(0)
+        m = torch.from_numpy(action_mask).unsqueeze(0) if self.group.n_actions else None
+        h_actor, h_critic = self.split_hidden(torch.from_numpy(hidden) if hidden is not None else None)
+        dist, h_actor = self.policy(o, s, h_actor, None, m)
+        action = dist.sample(self.generator) if explore else dist.mode()
+        log_prob = dist.log_prob(action)
+        value = next_hidden = None
+        if self.critic_acts_online:
+            v, h_critic = self.values(o, s, h_critic, None)
+            value = self._denormalize(v)[0].numpy()
+        if self.recurrent:
+            next_hidden = torch.stack([h_actor if h_actor is not None else torch.zeros_like(h_critic),
+                                       h_critic if h_critic is not None else torch.zeros_like(h_actor)],
+                                      -2).numpy()
+        return ActOut(action[0].numpy(), log_prob[0].numpy(), value, next_hidden)
+
+    def store(self, step: Transition) -> None:
+        self.buffer.add(step)
+
+    # ------------------------------------------------------------------ learning
+
+    @torch.no_grad()
+    def _value_of(self, obs: np.ndarray, state: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
+        """Real-scale values of ``[N, A, ...]`` observations (one step each)."""
+        h = self.split_hidden(torch.from_numpy(hidden))[1] if hidden is not None else None
+        v, _ = self.values(torch.from_numpy(obs).unsqueeze(0), torch.from_numpy(state).unsqueeze(0), h, None)
+        return self._denormalize(v)[0].numpy()
+
+    def update(self, bootstrap: Bootstrap) -> dict[str, float]:
+        buf, cfg = self.buffer, self.cfg
+        if not buf.full:
+            raise RuntimeError(f"update() called after {buf.step} of {buf.horizon} steps")
+        T, E = buf.horizon, buf.num_envs
+        episode_start = buf.episode_start(self._episode_start)
+        self._episode_start = buf.episode_end[-1].copy()
+        if not buf.has_values:
+            flat_obs = buf.obs.reshape(T * E, *buf.obs.shape[2:])
+            flat_state = buf.state.reshape(T * E, *buf.state.shape[2:])
+            buf.value[:] = self._value_of(flat_obs, flat_state, None).reshape(T, E, -1)
+        last_value = self._value_of(bootstrap.obs, bootstrap.state, bootstrap.hidden)
+        truncation_value = np.zeros_like(buf.value)
+        if buf.finals:
+            ts, es, fobs, fstate, fhidden = zip(*buf.finals)
+            hidden = np.stack(fhidden) if self.recurrent else None
+            truncation_value[list(ts), list(es)] = self._value_of(np.stack(fobs), np.stack(fstate), hidden)
+        advantages, returns = compute_gae(buf.reward, buf.value, buf.terminated, buf.truncated, buf.episode_end,
+                                          buf.agent_mask, truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
+        present = buf.agent_mask
+        old_value = torch.from_numpy(buf.value)
+        if self.value_norm is not None:
+            old_value = self.value_norm.normalize(old_value)
+            self.value_norm.update(torch.from_numpy(returns[present]))
+        if cfg.advantage_norm and present.any():
+            mean, std = advantages[present].mean(), advantages[present].std()
+            advantages = np.where(present, (advantages - mean) / (std + 1e-8), 0.0).astype(np.float32)
+
+        data = {"obs": buf.obs, "state": buf.state, "agent_mask": present, "action_mask": buf.action_mask,
+                "actions": buf.actions, "log_prob": buf.log_prob, "old_value": old_value.numpy(),
+                "advantages": advantages, "returns": returns, "episode_start": episode_start, **buf.extras}
+        if buf.hidden is not None:
+            data["hidden"] = buf.hidden
+        totals: dict[str, float] = {}
+        count = 0
+        for _ in range(cfg.epochs):
+            for batch in minibatches(data, cfg.minibatches, self.chunk_length, self.rng):
+                loss, metrics = self.loss(batch)
+                if not torch.isfinite(loss):
+                    raise TrainingDivergedError(
+                        f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "
+                        f"({', '.join(f'{k}={v.item():.4g}' for k, v in metrics.items())}); lower the learning "
+                        "rate or check the env's rewards/observations for NaN or inf")
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.max_grad_norm is not None:
+                    norm = nn.utils.clip_grad_norm_(self.modules.parameters(), cfg.max_grad_norm)
+                    if not math.isfinite(float(norm)):
+                        raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
+                                                    f"the gradient norm became {float(norm)}")
+                    metrics["grad_norm"] = norm
+                self.optimizer.step()
+                for k, v in metrics.items():
+                    totals[k] = totals.get(k, 0.0) + float(v)
+                count += 1
+        buf.reset()
+        out = {k: v / max(count, 1) for k, v in totals.items()}
+        if present.any():
+            out["value_mean"] = float(buf.value[present].mean())
+        return out
+
+    def normalized_returns(self, returns: torch.Tensor) -> torch.Tensor:
+        return self.value_norm.normalize(returns) if self.value_norm is not None else returns
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "modules": self.modules.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                "episode_start": self._episode_start.copy()}
+
+    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        super().load_state_dict(state, weights_only)
+        self.modules.load_state_dict(state["modules"])
+        if not weights_only:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.generator.set_state(state["generator"])
+            self._episode_start = state["episode_start"].copy()

@@ -1,0 +1,37 @@
+"""A uniformly random policy over the allowed actions: a baseline, or an opponent group."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gymnasium import spaces
+
+from marlkit.agents.base import ActOut, Agent
+from marlkit.registry import register_agent
+
+
+@dataclass
+class RandomConfig:
+    pass
+
+
+@register_agent("random")
+class RandomAgent(Agent):
+    config_cls = RandomConfig
+    learns = False
+
+    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
+        space, (E, A) = self.group.action_space, agent_mask.shape
+        if isinstance(space, spaces.Discrete):
+            # argmax of random scores over allowed actions = uniform among them
+            scores = np.where(action_mask, self.rng.random(action_mask.shape), -1.0)
+            actions = scores.argmax(-1)
+        elif isinstance(space, spaces.MultiDiscrete):
+            parts = np.split(action_mask, np.cumsum(space.nvec)[:-1], -1)
+            actions = np.stack([np.where(m, self.rng.random(m.shape), -1.0).argmax(-1) for m in parts], -1)
+        else:
+            low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
+            low, high = np.nan_to_num(low, neginf=-1.0), np.nan_to_num(high, posinf=1.0)
+            actions = self.rng.uniform(low, high, (E, A) + space.shape).astype(np.float32)
+        log_prob = np.zeros((E, A), np.float32)
+        return ActOut(actions.astype(np.int64) if not isinstance(space, spaces.Box) else actions, log_prob)

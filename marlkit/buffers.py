@@ -1,0 +1,157 @@
+"""On-policy rollout storage ``[T, E, A, ...]`` (time, env, agent), GAE and minibatches."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Transition:
+    """One vector step of one group, as the runner hands it to ``Agent.store``.
+
+    Arrays are ``[E, A, ...]`` (``state`` and ``episode_end`` are per env). ``hidden`` is the hidden
+    state that was fed to ``act``; ``final_obs``/``final_state`` are the last observation before an
+    auto-reset (used to bootstrap truncated episodes); ``extras`` travel untouched from ``ActOut``.
+    """
+
+    obs: np.ndarray
+    state: np.ndarray
+    agent_mask: np.ndarray
+    action_mask: np.ndarray
+    actions: np.ndarray
+    log_prob: np.ndarray
+    value: np.ndarray | None
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    episode_end: np.ndarray
+    final_obs: np.ndarray
+    final_state: np.ndarray
+    hidden: np.ndarray | None = None
+    next_hidden: np.ndarray | None = None
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class RolloutBuffer:
+    """Fixed-size storage for one group; every field is ``[T, E, A, ...]`` or ``[T, E, ...]``."""
+
+    def __init__(self, horizon: int, num_envs: int, n_agents: int, obs_shape: tuple, obs_dtype,
+                 state_shape: tuple, action_shape: tuple, action_dtype, n_actions: int,
+                 hidden_shape: tuple | None = None):
+        T, E, A = horizon, num_envs, n_agents
+        self.horizon, self.num_envs, self.n_agents = T, E, A
+        self.obs = np.zeros((T, E, A) + tuple(obs_shape), obs_dtype)
+        self.state = np.zeros((T, E) + tuple(state_shape), np.float32)
+        self.agent_mask = np.zeros((T, E, A), bool)
+        self.action_mask = np.ones((T, E, A, n_actions), bool)
+        self.actions = np.zeros((T, E, A) + tuple(action_shape), action_dtype)
+        self.log_prob = np.zeros((T, E, A), np.float32)
+        self.value = np.zeros((T, E, A), np.float32)
+        self.reward = np.zeros((T, E, A), np.float32)
+        self.terminated = np.zeros((T, E, A), bool)
+        self.truncated = np.zeros((T, E, A), bool)
+        self.episode_end = np.zeros((T, E), bool)
+        self.hidden = np.zeros((T, E, A) + tuple(hidden_shape), np.float32) if hidden_shape else None
+        self.extras: dict[str, np.ndarray] = {}
+        self.finals: list[tuple] = []
+        self.has_values = False
+        self.step = 0
+
+    @property
+    def full(self) -> bool:
+        return self.step >= self.horizon
+
+    def add(self, tr: Transition) -> None:
+        if self.full:
+            raise RuntimeError("rollout buffer is full; call update() before storing more steps")
+        t = self.step
+        self.obs[t] = tr.obs
+        self.state[t] = tr.state
+        self.agent_mask[t] = tr.agent_mask
+        if self.action_mask.shape[-1]:
+            self.action_mask[t] = tr.action_mask
+        self.actions[t] = tr.actions
+        self.log_prob[t] = tr.log_prob
+        self.has_values = tr.value is not None
+        if tr.value is not None:
+            self.value[t] = tr.value
+        self.reward[t] = tr.reward
+        self.terminated[t] = tr.terminated
+        self.truncated[t] = tr.truncated
+        self.episode_end[t] = tr.episode_end
+        if self.hidden is not None:
+            self.hidden[t] = tr.hidden
+        for key, value in tr.extras.items():
+            if key not in self.extras:
+                self.extras[key] = np.zeros((self.horizon,) + value.shape, value.dtype)
+            self.extras[key][t] = value
+        cut = tr.truncated & tr.agent_mask & ~tr.terminated
+        for e in np.flatnonzero(cut.any(-1)):
+            hidden = tr.next_hidden[e].copy() if tr.next_hidden is not None else None
+            self.finals.append((t, e, tr.final_obs[e].copy(), tr.final_state[e].copy(), hidden))
+        self.step += 1
+
+    def reset(self) -> None:
+        self.step = 0
+        self.finals = []
+        self.has_values = False
+
+    def episode_start(self, first: np.ndarray) -> np.ndarray:
+        """``[T, E]``: step t opens an episode (the env was reset after step t-1); ``first`` is the
+        flag for t=0, carried over from the previous rollout."""
+        return np.concatenate([first[None], self.episode_end[:-1]], 0)
+
+
+def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
+                episode_end: np.ndarray, agent_mask: np.ndarray, truncation_value: np.ndarray,
+                last_value: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation over ``[T, E, A]`` with masks.
+
+    - termination: the successor is worth 0; truncation: it is worth ``truncation_value[t]``, the
+      value of the final observation; either way the advantage does not flow across the cut;
+    - masked slots (agent absent) get advantage 0 and are skipped: a present step takes its
+      successor's value and advantage from the agent's next present step in the same episode;
+    - ``last_value`` ``[E, A]`` bootstraps the step after the rollout.
+    Returns (advantages, returns), both 0 where the agent is absent.
+    """
+    T = reward.shape[0]
+    advantages = np.zeros_like(reward, dtype=np.float32)
+    next_value = last_value.astype(np.float32).copy()
+    next_adv = np.zeros_like(next_value)
+    for t in reversed(range(T)):
+        present = agent_mask[t]
+        env_end = episode_end[t][:, None] if episode_end.ndim == 2 else episode_end[t]
+        ended = terminated[t] | truncated[t] | env_end
+        successor = np.where(terminated[t], 0.0,
+                             np.where(truncated[t], truncation_value[t], np.where(env_end, 0.0, next_value)))
+        delta = reward[t] + gamma * successor - value[t]
+        adv = delta + gamma * lam * np.where(ended, 0.0, next_adv)
+        advantages[t] = np.where(present, adv, 0.0)
+        next_adv = np.where(present, adv, np.where(env_end, 0.0, next_adv))
+        next_value = np.where(present, value[t], np.where(env_end, 0.0, next_value))
+    returns = np.where(agent_mask, advantages + value, 0.0).astype(np.float32)
+    return advantages, returns
+
+
+def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length: int,
+                rng: np.random.Generator) -> Iterator[dict[str, torch.Tensor]]:
+    """Shuffle ``[T, E, ...]`` arrays into minibatches of sequences ``[L, B, ...]``.
+
+    Feed-forward agents use ``chunk_length=1`` (every (t, e) is a sample, L=1); recurrent agents
+    train on chunks of L consecutive steps of one env, starting from the stored hidden state.
+    The agent dimension is kept, so a sample holds all agents of one env step together.
+    """
+    first = next(iter(data.values()))
+    T, E = first.shape[:2]
+    L = chunk_length
+    if T % L:
+        raise ValueError(f"rollout length {T} is not a multiple of the chunk length {L}")
+    chunks = {k: v.reshape(T // L, L, E, *v.shape[2:]).swapaxes(1, 2).reshape(T // L * E, L, *v.shape[2:])
+              for k, v in data.items()}
+    n = (T // L) * E
+    order = rng.permutation(n)
+    for idx in np.array_split(order, min(num_minibatches, n)):
+        yield {k: torch.from_numpy(np.ascontiguousarray(v[idx].swapaxes(0, 1))) for k, v in chunks.items()}

@@ -1,0 +1,94 @@
+"""The ``marlkit`` command.
+
+    marlkit --agent MAPPO --env mpe_spread                   train
+    marlkit --agent MAPPO --env mpe_spread --benchmark       train + periodic eval + report
+    marlkit --env mpe_spread --test --load runs/.../best.pt  evaluate a checkpoint
+    marlkit --list                                           registered agents and envs
+"""
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from argparse_dataclass import ArgumentParser
+
+from marlkit.config import ConfigError, available_envs
+from marlkit.registry import REGISTRY, _load_builtins
+
+
+@dataclass
+class CLIArgs:
+    agent: str = field(default="MAPPO", metadata={"help": "registered agent name (see --list)"})
+    env: str = field(default="mpe_spread", metadata={"help": "packaged env name or path of an env YAML"})
+    test: bool = field(default=False, metadata={"help": "evaluate the checkpoint given by --load"})
+    benchmark: bool = field(default=False, metadata={"help": "train with periodic evaluation, keep best.pt, "
+                                                             "write benchmark.json and learning_curve.png"})
+    config: list[str] = field(default_factory=list, metadata={"nargs": "*", "metavar": "FILE",
+                                                              "help": "extra YAML files merged over the env YAML"})
+    set: list[str] = field(default_factory=list, metadata={"nargs": "*", "metavar": "KEY=VALUE",
+                                                           "help": "override any key, e.g. runner.parallels=8"})
+    load: Optional[str] = field(default=None, metadata={"help": "checkpoint to test (or to start from)"})
+    resume: Optional[str] = field(default=None, metadata={"help": "run directory to continue exactly"})
+    seed: Optional[int] = field(default=None, metadata={"help": "random seed (default from the YAML, else 1)"})
+    device: Optional[str] = field(default=None, metadata={"help": "torch device, e.g. cpu"})
+    logger: Optional[str] = field(default=None, metadata={"choices": ["tensorboard", "wandb", "console", "none"],
+                                                          "help": "where metrics go (default tensorboard)"})
+    render: bool = field(default=False, metadata={"help": "with --test: record a video of an episode"})
+    list: bool = field(default=False, metadata={"help": "list registered agents and envs, then exit"})
+
+
+def _gather_repeated(argv: list[str], flags=("--set", "--config")) -> list[str]:
+    """argparse keeps only the last ``--set a=1 --set b=2``; fold repeats into one list."""
+    out, collected = [], {f: [] for f in flags}
+    current = None
+    for token in argv:
+        if token in flags:
+            current = token
+            continue
+        if current and not token.startswith("--"):
+            collected[current].append(token)
+            continue
+        current = None
+        out.append(token)
+    for flag, values in collected.items():
+        if values:
+            out += [flag, *values]
+    return out
+
+
+def list_everything() -> str:
+    _load_builtins()
+    lines = ["agents:"]
+    for name, cls in sorted(REGISTRY.items()):
+        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+        lines.append(f"  {name:<10} {doc[0] if doc else ''}")
+    lines.append("envs:")
+    for name, desc in available_envs().items():
+        lines.append(f"  {name:<10} {desc}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = ArgumentParser(CLIArgs, prog="marlkit", description="Multi-agent RL: train, test, benchmark.")
+    args = parser.parse_args(_gather_repeated(list(sys.argv[1:] if argv is None else argv)))
+    if args.list:
+        print(list_everything())
+        return 0
+    if args.test and args.benchmark:
+        parser.error("choose one of --test and --benchmark")
+    from marlkit.api import build_config, run_config
+    from marlkit.config import parse_set
+    mode = "test" if args.test else "benchmark" if args.benchmark else "train"
+    top = {k: v for k, v in {"seed": args.seed, "device": args.device, "logger": args.logger,
+                             "load": args.load, "render": args.render or None}.items() if v is not None}
+    try:
+        overrides = parse_set(args.set)
+        overrides.update(top)
+        cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, **overrides)
+        run_config(cfg)
+    except (ConfigError, KeyError, FileNotFoundError) as exc:
+        print(f"marlkit: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("marlkit: interrupted; envs closed, latest.pt holds the last saved state", file=sys.stderr)
+        return 130
+    return 0

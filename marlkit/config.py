@@ -1,0 +1,358 @@
+"""Typed run configuration, YAML merging and validation.
+
+Precedence, lowest first: dataclass defaults < ``marlkit/configs/<env>.yaml`` < ``--config FILE``
+< ``--set key=value``. Everything is validated before any env starts: an unknown key names the
+closest valid one, a wrong type or range names the key, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from marlkit.registry import closest, get_agent, get_env_type
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message names the key, the value and the fix."""
+
+
+def _range(lo=None, hi=None, **extra) -> dict:
+    return {"min": lo, "max": hi, **extra}
+
+
+@dataclass
+class ModelConfig:
+    """A network picked from the model registry (``mlp``, ``gru``, ``cnn`` or a user one)."""
+
+    name: str = "mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
+    activation: Literal["relu", "tanh", "gelu", "elu"] = "relu"
+    layer_norm: bool = True
+    rnn_hidden: int = field(default=64, metadata=_range(1))
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OnPolicyConfig:
+    """Settings shared by every on-policy agent (PPO-family defaults from the MAPPO paper)."""
+
+    lr: float = field(default=7e-4, metadata=_range(0.0))
+    critic_lr: Optional[float] = field(default=None, metadata=_range(0.0))
+    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
+    gae_lambda: float = field(default=0.95, metadata=_range(0.0, 1.0))
+    clip: float = field(default=0.2, metadata=_range(0.0))
+    value_clip: Optional[float] = field(default=0.2, metadata=_range(0.0))
+    epochs: int = field(default=10, metadata=_range(1))
+    minibatches: int = field(default=1, metadata=_range(1))
+    entropy_coef: float = field(default=0.01, metadata=_range(0.0))
+    value_coef: float = field(default=1.0, metadata=_range(0.0))
+    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
+    huber_delta: Optional[float] = field(default=10.0, metadata=_range(0.0))
+    value_norm: bool = True
+    advantage_norm: bool = True
+    use_agent_id: bool = True
+    chunk_length: int = field(default=10, metadata=_range(1))
+    log_std_init: float = -0.5
+    actor: ModelConfig = field(default_factory=ModelConfig)
+    critic: ModelConfig = field(default_factory=ModelConfig)
+
+
+@dataclass
+class EnvConfig:
+    """Settings every env type understands; each env type extends it with its own fields."""
+
+    type: str = "pettingzoo"
+    groups: Optional[dict[str, list[str]]] = None
+    max_episode_steps: Optional[int] = field(default=None, metadata=_range(1))
+    render_mode: Optional[str] = None
+
+
+@dataclass
+class RunnerConfig:
+    parallels: int = field(default=16, metadata=_range(1))
+    vectorize: Literal["sync", "subprocess"] = "sync"
+    workers: Optional[int] = field(default=None, metadata=_range(1))
+    start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
+    worker_timeout: float = field(default=60.0, metadata=_range(0.1))
+    horizon: int = field(default=25, metadata=_range(1))
+    total_steps: int = field(default=500_000, metadata=_range(1))
+    eval_interval: int = field(default=50_000, metadata=_range(1))
+    eval_episodes: int = field(default=32, metadata=_range(1))
+    eval_parallels: int = field(default=8, metadata=_range(1))
+    eval_deterministic: bool = False
+    test_episodes: int = field(default=10, metadata=_range(1))
+    save_interval: int = field(default=50_000, metadata=_range(1))
+    log_interval: int = field(default=5_000, metadata=_range(1))
+    torch_threads: int = field(default=1, metadata=_range(1))
+    run_root: str = "runs"
+    progress: bool = True
+    video_fps: int = field(default=10, metadata=_range(1))
+
+
+@dataclass
+class GroupConfig:
+    """Who controls one agent group: a registered agent (default: the run's ``--agent``),
+    ``random``, or a frozen checkpoint (``load`` with ``train: false``, e.g. self-play)."""
+
+    agent: Optional[str] = None
+    load: Optional[str] = None
+    train: bool = True
+
+
+@dataclass
+class RunConfig:
+    agent: str = "MAPPO"
+    env_name: str = "mpe_spread"
+    mode: Literal["train", "test", "benchmark"] = "train"
+    seed: int = field(default=1, metadata=_range(0))
+    device: str = "cpu"
+    logger: Literal["tensorboard", "wandb", "console", "none"] = "tensorboard"
+    wandb_project: str = "marlkit"
+    load: Optional[str] = None
+    resume: Optional[str] = None
+    render: bool = False
+    description: str = ""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    agents: dict[str, Any] = field(default_factory=dict)
+    groups: dict[str, GroupConfig] = field(default_factory=dict)
+
+    def agent_config(self, name: str):
+        return self.agents[name]
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+
+# --------------------------------------------------------------------------- typed building
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp, key: str) -> Any:
+    """Check ``value`` against annotation ``tp`` (converting where lossless); raise naming ``key``."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{key}: {value!r} does not fit {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}: {value!r} is not allowed; choose one of {', '.join(map(repr, args))}"
+                              f"{closest(str(value), map(str, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping of {tp.__name__} settings, got {value!r}")
+        return build(tp, value, key)
+    if origin in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            inner = args[0] if args else Any
+            return [_coerce(v, inner, f"{key}[{i}]") for i, v in enumerate(value)]
+        raise ConfigError(f"{key}: expected a list, got {value!r}")
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        inner = args[1] if len(args) == 2 else Any
+        return {k: _coerce(v, inner, f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return value.lower() in ("true", "yes", "on", "1")
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, (float, str)):
+            try:
+                as_float = float(value)
+            except ValueError:
+                as_float = None
+            if as_float is not None and as_float.is_integer():
+                return int(as_float)
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{key}: expected a string, got {value!r}")
+    return value
+
+
+def build(cls, data: dict | None, prefix: str = ""):
+    """Build dataclass ``cls`` from a (possibly partial) mapping, validating every key."""
+    data = data or {}
+    hints = typing.get_type_hints(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if key not in by_name:
+            raise ConfigError(f"unknown key {path!r}{closest(str(key), by_name)}; valid keys here: "
+                              f"{', '.join(by_name)}")
+        value = _coerce(value, hints[key], path)
+        meta = by_name[key].metadata
+        if value is not None and isinstance(value, (int, float)):
+            if meta.get("min") is not None and value < meta["min"]:
+                raise ConfigError(f"{path}: {value!r} is below the minimum {meta['min']}")
+            if meta.get("max") is not None and value > meta["max"]:
+                raise ConfigError(f"{path}: {value!r} is above the maximum {meta['max']}")
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def to_plain(obj) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+# --------------------------------------------------------------------------- YAML + overrides
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top, got {type(data).__name__}")
+    return data
+
+
+def available_envs() -> dict[str, str]:
+    """Env name -> one-line description, for every YAML in ``marlkit/configs``."""
+    return {p.stem: str(load_yaml(p).get("description", "")).strip() for p in sorted(CONFIG_DIR.glob("*.yaml"))}
+
+
+def env_yaml_path(env: str) -> Path:
+    """A bare name is a packaged config; anything ending in .yaml/.yml is a user file."""
+    if env.endswith((".yaml", ".yml")):
+        return Path(env)
+    path = CONFIG_DIR / f"{env}.yaml"
+    if not path.is_file():
+        names = available_envs()
+        raise ConfigError(f"unknown env {env!r}{closest(env, names)}; valid envs: {', '.join(names)} "
+                          "(or pass the path of your own YAML file)")
+    return path
+
+
+def parse_set(items: list[str]) -> dict:
+    """``["runner.parallels=8", "agents.MAPPO.lr=3e-4"]`` -> nested dict, values parsed as YAML."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set runner.parallels=8")
+        key, raw = item.split("=", 1)
+        parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"--set {item!r}: empty part in key {key!r}")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} was already given a plain value")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+    return out
+
+
+def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[str] | None = None,
+            overrides: dict | None = None, **top_level) -> RunConfig:
+    """Merge defaults, the env YAML, extra YAML files and overrides into a validated RunConfig."""
+    get_agent(agent)
+    env_path = env_yaml_path(env)
+    merged = load_yaml(env_path)
+    for path in config_files or []:
+        merged = deep_merge(merged, load_yaml(path))
+    merged = deep_merge(merged, overrides or {})
+    merged = deep_merge(merged, {k: v for k, v in top_level.items() if v is not None})
+    merged["agent"] = agent
+    merged.setdefault("env_name", env_path.stem)
+    return from_dict(merged)
+
+
+def from_dict(data: dict) -> RunConfig:
+    """Validate a merged mapping (also what a run dir's ``config.yaml`` holds) into a RunConfig."""
+    data = dict(data)
+    env_section = data.pop("env", None) or {}
+    agents_section = data.pop("agents", None) or {}
+    if not isinstance(env_section, dict):
+        raise ConfigError(f"env: expected a mapping of env settings, got {env_section!r}")
+    if not isinstance(agents_section, dict):
+        raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
+    cfg = build(RunConfig, data)
+    env_cls = get_env_type(str(env_section.get("type", EnvConfig.type)))
+    cfg.env = build(env_cls.config_cls, env_section, "env")
+
+    groups_agents = {g.agent for g in cfg.groups.values() if g.agent}
+    for name in agents_section:
+        try:
+            get_agent(name)
+        except KeyError as exc:
+            raise ConfigError(f"agents.{name}: {exc}") from None
+    needed = {cfg.agent, *groups_agents}
+    for name in sorted(needed | set(agents_section)):
+        try:
+            agent_cls = get_agent(name)
+        except KeyError as exc:
+            raise ConfigError(str(exc)) from None
+        cfg.agents[name] = build(agent_cls.config_cls, agents_section.get(name), f"agents.{name}")
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,10 @@
+"""Env adapters and vector envs. Nothing here knows about agents."""
+from marlkit.envs.core import (EnvAPIError, EnvSpec, EnvWorkerError, GroupSpec, MultiAgentEnv, Observation,
+                               StepResult)
+from marlkit.envs.factory import make_env, make_env_vector
+from marlkit.envs.pettingzoo import PettingZooEnv
+from marlkit.envs.vector import SubprocVectorEnv, SyncVectorEnv, VectorEnv
+
+__all__ = ["EnvAPIError", "EnvSpec", "EnvWorkerError", "GroupSpec", "MultiAgentEnv", "Observation",
+           "StepResult", "PettingZooEnv", "SubprocVectorEnv", "SyncVectorEnv", "VectorEnv", "make_env",
+           "make_env_vector"]

@@ -1,0 +1,30 @@
+"""Build envs from an env config: the one place that maps ``env.type`` to an adapter."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marlkit.config import EnvConfig, RunnerConfig
+from marlkit.envs.core import MultiAgentEnv
+from marlkit.envs.vector import VectorEnv, make_vector_env
+from marlkit.registry import get_env_type
+
+
+def make_env(cfg: EnvConfig, render: bool = False) -> MultiAgentEnv:
+    return get_env_type(cfg.type).from_config(cfg, render=render)
+
+
+@dataclass
+class _EnvBuilder:
+    """Picklable ``i -> env`` for subprocess workers."""
+
+    cfg: EnvConfig
+    render: bool = False
+
+    def __call__(self, index: int) -> MultiAgentEnv:
+        return make_env(self.cfg, render=self.render)
+
+
+def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,
+                    render: bool = False) -> VectorEnv:
+    return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
+                           runner.workers, runner.worker_timeout, runner.start_method)

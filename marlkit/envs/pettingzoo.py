@@ -1,0 +1,230 @@
+"""Any PettingZoo ``ParallelEnv`` as a :class:`~marlkit.envs.core.MultiAgentEnv`.
+
+Agents are assigned to groups (``env.groups`` patterns, or by default one group ``agents`` when all
+spaces match, else one group per name prefix such as ``adversary``/``agent``). Action masks come
+from an ``action_mask`` entry of a Dict observation or of the agent's info; the global state from
+``env.state()`` when the env declares a ``state_space``, else the agents' observations concatenated.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+import numpy as np
+from gymnasium import spaces
+
+from marlkit.config import ConfigError, EnvConfig
+from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
+from marlkit.registry import register_env
+
+
+@dataclass
+class PettingZooConfig(EnvConfig):
+    factory: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    state: Literal["auto", "concat"] = "auto"
+    check_api: bool = True
+
+
+def import_factory(path: str) -> Callable:
+    """``"package.module:function"`` -> the function, with errors that say what is wrong."""
+    if ":" not in path:
+        raise ConfigError(f"env.factory: {path!r} must look like 'package.module:function', "
+                          "e.g. 'mpe2.simple_spread_v3:parallel_env'")
+    module_name, attr = path.split(":", 1)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env.factory: cannot import module {module_name!r} ({exc}); install it or "
+                          "put it on PYTHONPATH") from None
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise ConfigError(f"env.factory: module {module_name!r} has no attribute {attr!r}")
+        fn = getattr(fn, part)
+    return fn
+
+
+def _prefix(agent: str) -> str:
+    return re.sub(r"_?\d+$", "", agent) or agent
+
+
+def assign_groups(agents: list[str], patterns: dict[str, list[str]] | None, same_spaces) -> dict[str, list[str]]:
+    if patterns:
+        groups: dict[str, list[str]] = {g: [] for g in patterns}
+        for agent in agents:
+            hits = [g for g, pats in patterns.items() if any(fnmatch.fnmatchcase(agent, p) for p in pats)]
+            if len(hits) != 1:
+                where = "no group" if not hits else f"several groups ({', '.join(hits)})"
+                raise ConfigError(f"env.groups: agent {agent!r} matches {where}; every agent of "
+                                  f"{agents} must match exactly one group's patterns")
+            groups[hits[0]].append(agent)
+        empty = [g for g, members in groups.items() if not members]
+        if empty:
+            raise ConfigError(f"env.groups: group(s) {empty} match no agent; agents are {agents}")
+        return groups
+    if same_spaces(agents):
+        return {"agents": list(agents)}
+    groups = {}
+    for agent in agents:
+        groups.setdefault(_prefix(agent), []).append(agent)
+    return groups
+
+
+@register_env("pettingzoo")
+class PettingZooEnv(MultiAgentEnv):
+    config_cls = PettingZooConfig
+
+    @classmethod
+    def from_config(cls, cfg: PettingZooConfig, render: bool = False) -> "PettingZooEnv":
+        if not cfg.factory:
+            raise ConfigError("env.factory is empty; set it to 'package.module:function' returning a "
+                              "PettingZoo ParallelEnv")
+        kwargs = dict(cfg.kwargs)
+        if render or cfg.render_mode:
+            kwargs["render_mode"] = cfg.render_mode or "rgb_array"
+        env = import_factory(cfg.factory)(**kwargs)
+        return cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
+                   check_api=cfg.check_api)
+
+    def __init__(self, env, groups: dict[str, list[str]] | None = None, state: str = "auto",
+                 max_episode_steps: int | None = None, check_api: bool = True):
+        if not hasattr(env, "possible_agents") or not hasattr(env, "step"):
+            raise ConfigError(f"env factory returned {type(env).__name__}, not a PettingZoo ParallelEnv "
+                              "(it needs possible_agents, reset, step)")
+        self.env = env
+        self.max_episode_steps = max_episode_steps
+        self.check_api = check_api
+        agents = list(env.possible_agents)
+        self._raw_obs_space = {a: env.observation_space(a) for a in agents}
+        self._obs_space = {a: self._strip_mask_space(s) for a, s in self._raw_obs_space.items()}
+        act_space = {a: env.action_space(a) for a in agents}
+        self._act_space = act_space
+
+        def same_spaces(members):
+            return all(self._obs_space[m] == self._obs_space[members[0]] and act_space[m] == act_space[members[0]]
+                       for m in members)
+
+        members = assign_groups(agents, groups, same_spaces)
+        for g, names in members.items():
+            if not same_spaces(names):
+                raise ConfigError(f"env.groups: agents of group {g!r} ({names}) have different spaces; "
+                                  "split them with env.groups, one group per space")
+        self.groups = {g: GroupSpec(g, names, self._obs_space[names[0]], act_space[names[0]])
+                       for g, names in members.items()}
+        self._slot = {a: (g, i) for g, gs in self.groups.items() for i, a in enumerate(gs.agents)}
+
+        self._env_state = state == "auto" and getattr(env, "state_space", None) is not None
+        if self._env_state:
+            state_shape = tuple(env.state_space.shape)
+        else:
+            state_shape = (int(sum(np.prod(self._obs_space[a].shape) for a in agents)),)
+        fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
+        self.spec = EnvSpec(self.groups, state_shape, render_fps=fps)
+        self._t = 0
+        self._checked_first_episode = False
+
+    @staticmethod
+    def _strip_mask_space(space):
+        if isinstance(space, spaces.Dict) and "observation" in space.spaces:
+            return space["observation"]
+        return space
+
+    # ------------------------------------------------------------------ conversion
+
+    def _observe(self, obs: dict, infos: dict) -> Observation:
+        live = set(self.env.agents)
+        out = empty_observation(self.spec)
+        for agent in live:
+            if agent not in obs:
+                raise EnvAPIError(f"step {self._t}: the env returned no observation for agent {agent!r}, "
+                                  "which is still in env.agents")
+        for agent, value in obs.items():
+            if agent not in self._slot:
+                raise EnvAPIError(f"step {self._t}: the env returned an observation for {agent!r}, "
+                                  f"which is not in possible_agents {list(self._slot)}")
+            g, i = self._slot[agent]
+            mask = None
+            if isinstance(value, dict) and "observation" in value:
+                mask = value.get("action_mask")
+                value = value["observation"]
+            elif isinstance(infos.get(agent), dict):
+                mask = infos[agent].get("action_mask")
+            value = np.asarray(value)
+            space = self._obs_space[agent]
+            if value.shape != space.shape:
+                raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} has shape {value.shape}, "
+                                  f"but its observation_space says {space.shape}")
+            if self.check_api and not self._checked_first_episode and not space.contains(value.astype(space.dtype)):
+                raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} lies outside its "
+                                  f"observation_space {space} (set env.check_api: false to skip this check)")
+            out.obs[g][i] = value
+            out.agent_mask[g][i] = agent in live
+            if mask is not None and self.groups[g].n_actions:
+                mask = np.asarray(mask, dtype=bool)
+                if mask.shape != (self.groups[g].n_actions,):
+                    raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} has shape {mask.shape}, "
+                                      f"expected ({self.groups[g].n_actions},)")
+                if agent in live and not mask.any():
+                    raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
+                out.action_mask[g][i] = mask
+        if self._env_state:
+            out.state[:] = self.env.state()
+        else:
+            out.state[:] = np.concatenate([out.obs[g].reshape(-1) for g in self.groups]) if self.groups else 0
+        return out
+
+    def _env_action(self, agent: str, action: np.ndarray):
+        space = self._act_space[agent]
+        if isinstance(space, spaces.Discrete):
+            return int(action) + int(space.start)
+        if isinstance(space, spaces.Box):
+            return np.clip(action, space.low, space.high).astype(space.dtype)
+        if isinstance(space, spaces.MultiDiscrete):
+            return np.asarray(action, dtype=np.int64)
+        return action
+
+    # ------------------------------------------------------------------ contract
+
+    def reset(self, seed: int | None = None) -> Observation:
+        self._t = 0
+        obs, infos = self.env.reset(seed=seed)
+        return self._observe(obs, infos or {})
+
+    def step(self, actions: dict[str, np.ndarray]):
+        self._t += 1
+        acting = list(self.env.agents)
+        joint = {a: self._env_action(a, actions[self._slot[a][0]][self._slot[a][1]]) for a in acting}
+        obs, rewards, terminations, truncations, infos = self.env.step(joint)
+        for name, table in (("reward", rewards), ("termination", terminations), ("truncation", truncations)):
+            missing = [a for a in acting if a not in table]
+            if missing:
+                raise EnvAPIError(f"step {self._t}: the env returned no {name} for agent(s) {missing}, "
+                                  "which acted this step")
+        observation = self._observe(obs, infos or {})
+        reward = {g: np.zeros(gs.n_agents, np.float32) for g, gs in self.groups.items()}
+        terminated = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
+        truncated = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
+        for agent in acting:
+            g, i = self._slot[agent]
+            reward[g][i] = rewards[agent]
+            terminated[g][i] = terminations[agent]
+            truncated[g][i] = truncations[agent]
+        time_up = self.max_episode_steps is not None and self._t >= self.max_episode_steps
+        episode_over = not self.env.agents or time_up
+        if time_up:
+            for agent in acting:
+                g, i = self._slot[agent]
+                truncated[g][i] |= not terminated[g][i]
+        if episode_over:
+            self._checked_first_episode = True
+        return observation, reward, terminated, truncated, episode_over
+
+    def render(self):
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()

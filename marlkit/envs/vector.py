@@ -1,0 +1,483 @@
+"""Vector envs: E copies of a :class:`MultiAgentEnv`, batched to ``[E, A_g, ...]``, with auto-reset.
+
+``SyncVectorEnv`` steps them in this process; ``SubprocVectorEnv`` spreads them over worker
+processes that exchange arrays through shared memory. Workers are not daemonic, because game envs
+(ViZDoom, Unity) start processes of their own, so they are stopped explicitly: on ``close()``, on
+an error, at interpreter exit, and by themselves when the parent disappears (their command pipe
+reaches EOF). A worker that dies or stops answering becomes an :class:`EnvWorkerError` naming
+its env indices within ``timeout`` seconds.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import time
+import traceback
+import weakref
+from multiprocessing import resource_tracker, shared_memory
+from typing import Callable
+
+import numpy as np
+
+from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult,
+                               empty_observation, group_arrays)
+
+EnvFactory = Callable[[], MultiAgentEnv]
+
+
+class _Arrays:
+    """The arrays of one vector step, optionally living in shared memory."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int, action_shapes: dict, buffers: dict | None = None):
+        batch = (num_envs,)
+        templates = {
+            "next": empty_observation(spec, batch),
+            "final": empty_observation(spec, batch),
+        }
+        layout = {}
+        for which, ob in templates.items():
+            for g in spec.groups:
+                layout[f"{which}.obs.{g}"] = ob.obs[g]
+                layout[f"{which}.agent_mask.{g}"] = ob.agent_mask[g]
+                layout[f"{which}.action_mask.{g}"] = ob.action_mask[g]
+            layout[f"{which}.state"] = ob.state
+        for name, dtype in (("reward", np.float32), ("terminated", bool), ("truncated", bool)):
+            for g, arr in group_arrays(spec, dtype, batch).items():
+                layout[f"{name}.{g}"] = arr
+        for g, (shape, dtype) in action_shapes.items():
+            layout[f"action.{g}"] = np.zeros(batch + shape, dtype)
+        layout["episode_end"] = np.zeros(batch, bool)
+        self.spec = spec
+        self.meta = {k: (v.shape, v.dtype.str) for k, v in layout.items()}
+        self.shm: list[shared_memory.SharedMemory] = []
+        if buffers is None:
+            self.a = layout
+        else:
+            self.a = {k: np.ndarray(self.meta[k][0], np.dtype(self.meta[k][1]), buffer=buffers[k].buf)
+                      for k in layout}
+
+    @classmethod
+    def shared(cls, spec: EnvSpec, num_envs: int, action_shapes: dict) -> "_Arrays":
+        plain = cls(spec, num_envs, action_shapes)
+        blocks = {k: shared_memory.SharedMemory(create=True, size=max(1, v.nbytes)) for k, v in plain.a.items()}
+        arrays = cls(spec, num_envs, action_shapes, blocks)
+        arrays.shm = list(blocks.values())
+        arrays.names = {k: b.name for k, b in blocks.items()}
+        for k, v in plain.a.items():
+            arrays.a[k][...] = v
+        return arrays
+
+    def write_obs(self, which: str, e: int, ob: Observation) -> None:
+        a = self.a
+        for g in self.spec.groups:
+            a[f"{which}.obs.{g}"][e] = ob.obs[g]
+            a[f"{which}.agent_mask.{g}"][e] = ob.agent_mask[g]
+            a[f"{which}.action_mask.{g}"][e] = ob.action_mask[g]
+        a[f"{which}.state"][e] = ob.state
+
+    def write_step(self, e: int, final: Observation, reward, terminated, truncated, done: bool,
+                   next_ob: Observation | None) -> None:
+        a = self.a
+        self.write_obs("final", e, final)
+        self.write_obs("next", e, next_ob if next_ob is not None else final)
+        for g in self.spec.groups:
+            a[f"reward.{g}"][e] = reward[g]
+            a[f"terminated.{g}"][e] = terminated[g]
+            a[f"truncated.{g}"][e] = truncated[g]
+        a["episode_end"][e] = done
+
+    def actions(self, e: int) -> dict[str, np.ndarray]:
+        return {g: self.a[f"action.{g}"][e] for g in self.spec.groups}
+
+    def observation(self, which: str) -> Observation:
+        a, gs = self.a, self.spec.groups
+        return Observation({g: a[f"{which}.obs.{g}"].copy() for g in gs}, a[f"{which}.state"].copy(),
+                           {g: a[f"{which}.agent_mask.{g}"].copy() for g in gs},
+                           {g: a[f"{which}.action_mask.{g}"].copy() for g in gs})
+
+    def group(self, name: str) -> dict[str, np.ndarray]:
+        return {g: self.a[f"{name}.{g}"].copy() for g in self.spec.groups}
+
+    def release(self, unlink: bool) -> None:
+        self.a = {}
+        for block in self.shm:
+            try:
+                block.close()
+                if unlink:
+                    block.unlink()
+            except (FileNotFoundError, BufferError):
+                pass
+        self.shm = []
+
+
+def action_shapes(spec: EnvSpec) -> dict:
+    """Per group: (``[A_g, *action_shape]``, dtype) of the actions the runner passes in."""
+    from gymnasium import spaces
+    out = {}
+    for g, gs in spec.groups.items():
+        space = gs.action_space
+        if isinstance(space, spaces.Discrete):
+            out[g] = ((gs.n_agents,), np.dtype(np.int64))
+        elif isinstance(space, spaces.MultiDiscrete):
+            out[g] = ((gs.n_agents, len(space.nvec)), np.dtype(np.int64))
+        else:
+            out[g] = ((gs.n_agents,) + tuple(space.shape), np.dtype(np.float32))
+    return out
+
+
+class EpisodeStats:
+    """Per-env running returns; on episode end, per group the mean over agents of their return
+    (agents never present in the episode are left out) and the episode length."""
+
+    def __init__(self, spec: EnvSpec, num_envs: int):
+        self.returns = group_arrays(spec, np.float64, (num_envs,))
+        self.seen = group_arrays(spec, bool, (num_envs,))
+        self.length = np.zeros(num_envs, np.int64)
+
+    def update(self, acting_mask: dict, reward: dict, episode_end: np.ndarray) -> list[dict]:
+        self.length += 1
+        for g in self.returns:
+            self.returns[g] += np.where(acting_mask[g], reward[g], 0.0)
+            self.seen[g] |= acting_mask[g]
+        infos: list[dict] = [{} for _ in range(len(episode_end))]
+        for e in np.flatnonzero(episode_end):
+            infos[e]["episode"] = {
+                "return": {g: float(self.returns[g][e][self.seen[g][e]].mean()) if self.seen[g][e].any() else 0.0
+                           for g in self.returns},
+                "length": int(self.length[e]),
+            }
+            for g in self.returns:
+                self.returns[g][e] = 0.0
+                self.seen[g][e] = False
+            self.length[e] = 0
+        return infos
+
+
+class VectorEnv:
+    spec: EnvSpec
+    num_envs: int
+
+    def __init__(self):
+        self._acting: dict | None = None
+
+    def _finish(self, arrays: _Arrays) -> StepResult:
+        reward = arrays.group("reward")
+        episode_end = arrays.a["episode_end"].copy()
+        infos = self.stats.update(self._acting, reward, episode_end)
+        result = StepResult(arrays.observation("next"), reward, arrays.group("terminated"),
+                            arrays.group("truncated"), episode_end, arrays.observation("final"), infos)
+        self._acting = result.next.agent_mask
+        return result
+
+    def _start(self, obs: Observation) -> Observation:
+        self.stats = EpisodeStats(self.spec, self.num_envs)
+        self._acting = obs.agent_mask
+        return obs
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def reset(self, seed: int | None = None) -> Observation:
+        raise NotImplementedError
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        raise NotImplementedError
+
+    def render(self, index: int = 0):
+        raise NotImplementedError
+
+    def get_state(self) -> bytes | None:
+        """Pickled envs + episode accumulators for an exact resume, or None if an env can't be pickled."""
+        raise NotImplementedError
+
+    def set_state(self, blob: bytes) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+def _seeds(seed: int | None, n: int, offset: int = 0) -> list[int | None]:
+    return [None if seed is None else seed + offset + i for i in range(n)]
+
+
+class SyncVectorEnv(VectorEnv):
+    """All envs in this process; the fastest choice for cheap envs such as MPE."""
+
+    def __init__(self, env_fns: list[EnvFactory]):
+        super().__init__()
+        self.envs = [fn() for fn in env_fns]
+        self.spec = self.envs[0].spec
+        self.num_envs = len(self.envs)
+        self.arrays = _Arrays(self.spec, self.num_envs, action_shapes(self.spec))
+
+    def reset(self, seed: int | None = None) -> Observation:
+        for e, (env, s) in enumerate(zip(self.envs, _seeds(seed, self.num_envs))):
+            self.arrays.write_obs("next", e, env.reset(seed=s))
+        return self._start(self.arrays.observation("next"))
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        for e, env in enumerate(self.envs):
+            ob, reward, terminated, truncated, done = env.step({g: a[e] for g, a in actions.items()})
+            self.arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
+        return self._finish(self.arrays)
+
+    def render(self, index: int = 0):
+        return self.envs[index].render()
+
+    def get_state(self) -> bytes | None:
+        try:
+            return pickle.dumps((self.envs, self.stats, self._acting))
+        except Exception:
+            return None
+
+    def set_state(self, blob: bytes) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs, self.stats, self._acting = pickle.loads(blob)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = []
+
+
+# ---------------------------------------------------------------------------- subprocess workers
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    # Python < 3.13 registers attached blocks with the resource tracker too, which then warns about
+    # (or unlinks) blocks the parent still owns; only the creating parent should track them.
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+def _worker(conn, env_fns: list, indices: list[int]) -> None:
+    # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    envs: list = []
+    arrays = None
+    current = None
+    try:
+        for i, fn in zip(indices, env_fns):
+            current = i
+            envs.append(fn())
+        current = None
+        conn.send(("ok", envs[0].spec))
+        while True:
+            try:
+                cmd, arg = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if cmd == "attach":
+                names, spec, shapes, num_envs = arg
+                blocks = {k: _attach(n) for k, n in names.items()}
+                arrays = _Arrays(spec, num_envs, shapes, blocks)
+                arrays.shm = list(blocks.values())
+                conn.send(("ok", None))
+            elif cmd == "reset":
+                for env, e, s in zip(envs, indices, arg):
+                    current = e
+                    arrays.write_obs("next", e, env.reset(seed=s))
+                current = None
+                conn.send(("ok", None))
+            elif cmd == "step":
+                for env, e in zip(envs, indices):
+                    current = e
+                    ob, reward, terminated, truncated, done = env.step(arrays.actions(e))
+                    arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
+                current = None
+                conn.send(("ok", None))
+            elif cmd == "render":
+                current = arg
+                conn.send(("ok", envs[indices.index(arg)].render()))
+                current = None
+            elif cmd == "get_state":
+                try:
+                    conn.send(("ok", pickle.dumps(envs)))
+                except Exception:
+                    conn.send(("ok", None))
+            elif cmd == "set_state":
+                for env in envs:
+                    env.close()
+                envs = pickle.loads(arg)
+                conn.send(("ok", None))
+            elif cmd == "close":
+                break
+    except KeyboardInterrupt:
+        pass
+    except BaseException:
+        try:
+            conn.send(("error", (current, traceback.format_exc())))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        if arrays is not None:
+            arrays.release(unlink=False)
+        conn.close()
+
+
+_LIVE: "weakref.WeakSet[SubprocVectorEnv]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for venv in list(_LIVE):
+        venv.close()
+
+
+class SubprocVectorEnv(VectorEnv):
+    """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn)."""
+
+    def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
+                 start_method: str = "spawn"):
+        super().__init__()
+        self.num_envs = len(env_fns)
+        num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
+        self.timeout = timeout
+        self.closed = False
+        self.arrays = None
+        chunks = np.array_split(np.arange(self.num_envs), num_workers)
+        self.indices = [c.tolist() for c in chunks]
+        ctx = mp.get_context(start_method)
+        self.conns, self.procs = [], []
+        _LIVE.add(self)
+        try:
+            for idx in self.indices:
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx), daemon=False,
+                                   name=f"marlkit-env-{idx[0]}-{idx[-1]}")
+                proc.start()
+                child.close()
+                self.conns.append(parent)
+                self.procs.append(proc)
+            specs = self._gather(range(num_workers), "creating the env")
+            self.spec = specs[0]
+            shapes = action_shapes(self.spec)
+            self.arrays = _Arrays.shared(self.spec, self.num_envs, shapes)
+            self._broadcast("attach", (self.arrays.names, self.spec, shapes, self.num_envs))
+            self._gather(range(num_workers), "attaching shared memory")
+        except BaseException:
+            self.close()
+            raise
+
+    def _describe(self, w: int) -> str:
+        idx = self.indices[w]
+        return f"env {idx[0]}" if len(idx) == 1 else f"envs {idx[0]}-{idx[-1]}"
+
+    def _receive(self, w: int, what: str):
+        conn, proc = self.conns[w], self.procs[w]
+        deadline = time.monotonic() + self.timeout
+        while not conn.poll(0.05):
+            if not proc.is_alive() and not conn.poll(0):
+                raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) died with exit code "
+                                     f"{proc.exitcode} while {what}")
+            if time.monotonic() > deadline:
+                raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) did not answer within "
+                                     f"{self.timeout:g} s while {what} (runner.worker_timeout)")
+        try:
+            status, payload = conn.recv()
+        except (EOFError, OSError):
+            raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) closed its pipe while "
+                                 f"{what}") from None
+        if status == "error":
+            env_index, tb = payload
+            where = f"env {env_index}" if env_index is not None else self._describe(w)
+            raise EnvWorkerError(f"{where} raised while {what}:\n{tb}")
+        return payload
+
+    def _gather(self, workers, what: str) -> list:
+        try:
+            return [self._receive(w, what) for w in workers]
+        except BaseException:
+            self.close()
+            raise
+
+    def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
+        for w, conn in enumerate(self.conns):
+            try:
+                conn.send((cmd, per_worker[w] if per_worker is not None else arg))
+            except (BrokenPipeError, OSError):
+                self._gather([w], f"sending {cmd!r}")
+                raise EnvWorkerError(f"the worker of {self._describe(w)} is gone (sending {cmd!r})")
+
+    def reset(self, seed: int | None = None) -> Observation:
+        seeds = _seeds(seed, self.num_envs)
+        self._broadcast("reset", per_worker=[[seeds[i] for i in idx] for idx in self.indices])
+        self._gather(range(len(self.conns)), "resetting")
+        return self._start(self.arrays.observation("next"))
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        for g, a in actions.items():
+            self.arrays.a[f"action.{g}"][...] = a
+        self._broadcast("step")
+        self._gather(range(len(self.conns)), "stepping")
+        return self._finish(self.arrays)
+
+    def render(self, index: int = 0):
+        w = next(w for w, idx in enumerate(self.indices) if index in idx)
+        self.conns[w].send(("render", index))
+        return self._gather([w], "rendering")[0]
+
+    def get_state(self) -> bytes | None:
+        self._broadcast("get_state")
+        blobs = self._gather(range(len(self.conns)), "saving env state")
+        if any(b is None for b in blobs):
+            return None
+        return pickle.dumps((blobs, self.stats, self._acting))
+
+    def set_state(self, blob: bytes) -> None:
+        blobs, self.stats, self._acting = pickle.loads(blob)
+        self._broadcast("set_state", per_worker=blobs)
+        self._gather(range(len(self.conns)), "restoring env state")
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + max(5.0, min(self.timeout, 30.0))
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self.conns:
+            conn.close()
+        if self.arrays is not None:
+            self.arrays.release(unlink=True)
+
+
+def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
+                    num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn") -> VectorEnv:
+    """``env_fn(i)`` builds env ``i``; it must be picklable for ``vectorize='subprocess'``."""
+    import functools
+    fns = [functools.partial(env_fn, i) for i in range(num_envs)]
+    if vectorize == "sync":
+        return SyncVectorEnv(fns)
+    if vectorize == "subprocess":
+        return SubprocVectorEnv(fns, num_workers, timeout, start_method)
+    raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync' or 'subprocess'")

@@ -1,0 +1,36 @@
+"""The encoder interface every registered model implements.
+
+Encoders map inputs ``[L, B, *input_shape]`` (L = time steps of a training chunk, 1 when acting)
+to features ``[L, B, out_dim]``. Recurrent encoders also take and return a hidden state
+``[B, hidden_size]`` and reset it where ``episode_start`` ``[L, B]`` is True.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "elu": nn.ELU}
+
+
+def init_linear(layer: nn.Linear, gain: float = math.sqrt(2)) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class Encoder(nn.Module):
+    is_recurrent = False
+    hidden_size = 0
+    out_dim: int
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """``[N, *input_shape]`` -> ``[N, out_dim]`` (feed-forward encoders implement this)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, hidden: torch.Tensor | None = None,
+                episode_start: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        lead = x.shape[:2]
+        features = self.encode(x.reshape(-1, *x.shape[2:]))
+        return features.reshape(*lead, -1), hidden

@@ -1,0 +1,86 @@
+"""Name -> class registries for agents, env types and network models.
+
+A new algorithm, env adapter or network is one decorated class; the CLI, ``--list`` and the YAML
+configs pick it up by name with no other edit.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+REGISTRY: dict[str, type] = {}
+"""Agent name (as typed after ``--agent``) -> agent class."""
+
+ENV_REGISTRY: dict[str, type] = {}
+"""Env type (the ``env.type`` key of a YAML) -> env builder class."""
+
+MODEL_REGISTRY: dict[str, type] = {}
+"""Model name (the ``model.name`` key of an agent config) -> network class."""
+
+
+class UnknownNameError(KeyError):
+    """A name that is not in a registry; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+def _register(table: dict[str, type], kind: str, name: str) -> Callable[[T], T]:
+    def decorator(cls: T) -> T:
+        if name in table and table[name] is not cls:
+            raise ValueError(f"{kind} name {name!r} is already registered to {table[name].__qualname__}")
+        table[name] = cls
+        cls.registered_name = name  # type: ignore[attr-defined]
+        return cls
+
+    return decorator
+
+
+def register_agent(name: str):
+    """Class decorator: ``@register_agent("MYPPO")`` makes ``--agent MYPPO`` work."""
+    return _register(REGISTRY, "agent", name)
+
+
+def register_env(name: str):
+    """Class decorator for env builders, selected by ``env.type`` in a YAML."""
+    return _register(ENV_REGISTRY, "env type", name)
+
+
+def register_model(name: str):
+    """Class decorator for networks, selected by ``model.name`` in an agent config."""
+    return _register(MODEL_REGISTRY, "model", name)
+
+
+def closest(name: str, choices) -> str:
+    """' (did you mean X?)' for the closest valid name, or '' when nothing is close."""
+    match = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def lookup(table: dict[str, type], kind: str, name: str) -> type:
+    _load_builtins()
+    if name not in table:
+        valid = ", ".join(sorted(table))
+        raise UnknownNameError(f"unknown {kind} {name!r}{closest(name, table)}; valid {kind}s: {valid}")
+    return table[name]
+
+
+def get_agent(name: str) -> type:
+    return lookup(REGISTRY, "agent", name)
+
+
+def get_env_type(name: str) -> type:
+    return lookup(ENV_REGISTRY, "env type", name)
+
+
+def get_model(name: str) -> type:
+    return lookup(MODEL_REGISTRY, "model", name)
+
+
+def _load_builtins() -> None:
+    # Importing the packages runs their @register_* decorators.
+    import marlkit.agents  # noqa: F401
+    import marlkit.envs  # noqa: F401
+    import marlkit.networks  # noqa: F401

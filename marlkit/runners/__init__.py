@@ -1,0 +1,3 @@
+from marlkit.runners.pettingzoo import Runner, RunResult
+
+__all__ = ["Runner", "RunResult"]
