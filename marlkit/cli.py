@@ -5,6 +5,7 @@
     marlkit --env mpe_spread --test --load runs/.../best.pt  evaluate a checkpoint
     marlkit --list                                           registered agents and envs
 """
+import importlib
 import sys
 from dataclasses import dataclass, field
 from typing import Optional
@@ -33,10 +34,13 @@ class CLIArgs:
     logger: Optional[str] = field(default=None, metadata={"choices": ["tensorboard", "wandb", "console", "none"],
                                                           "help": "where metrics go (default tensorboard)"})
     render: bool = field(default=False, metadata={"help": "with --test: record a video of an episode"})
+    imports: list[str] = field(default_factory=list, metadata={
+        "args": ["--import"], "nargs": "*", "metavar": "MODULE",
+        "help": "import modules that register your own agents, envs or models first"})
     list: bool = field(default=False, metadata={"help": "list registered agents and envs, then exit"})
 
 
-def _gather_repeated(argv: list[str], flags=("--set", "--config")) -> list[str]:
+def _gather_repeated(argv: list[str], flags=("--set", "--config", "--import")) -> list[str]:
     """argparse keeps only the last ``--set a=1 --set b=2``; fold repeats into one list."""
     out, collected = [], {f: [] for f in flags}
     current = None
@@ -70,6 +74,12 @@ def list_everything() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(CLIArgs, prog="marlkit", description="Multi-agent RL: train, test, benchmark.")
     args = parser.parse_args(_gather_repeated(list(sys.argv[1:] if argv is None else argv)))
+    for module in args.imports:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            print(f"marlkit: error: --import {module}: {exc}", file=sys.stderr)
+            return 2
     if args.list:
         print(list_everything())
         return 0

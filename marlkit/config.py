@@ -83,6 +83,7 @@ class RunnerConfig:
     workers: Optional[int] = field(default=None, metadata=_range(1))
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     worker_timeout: float = field(default=60.0, metadata=_range(0.1))
+    worker_start_timeout: float = field(default=120.0, metadata=_range(0.1))
     horizon: int = field(default=25, metadata=_range(1))
     total_steps: int = field(default=500_000, metadata=_range(1))
     eval_interval: int = field(default=50_000, metadata=_range(1))
@@ -92,7 +93,7 @@ class RunnerConfig:
     test_episodes: int = field(default=10, metadata=_range(1))
     save_interval: int = field(default=50_000, metadata=_range(1))
     log_interval: int = field(default=5_000, metadata=_range(1))
-    torch_threads: int = field(default=1, metadata=_range(1))
+    torch_threads: Optional[int] = field(default=None, metadata=_range(1))
     run_root: str = "runs"
     progress: bool = True
     video_fps: int = field(default=10, metadata=_range(1))

@@ -60,7 +60,7 @@ def closest(name: str, choices) -> str:
 
 
 def lookup(table: dict[str, type], kind: str, name: str) -> type:
-    _load_builtins()
+    _load_builtins(table)
     if name not in table:
         valid = ", ".join(sorted(table))
         raise UnknownNameError(f"unknown {kind} {name!r}{closest(name, table)}; valid {kind}s: {valid}")
@@ -79,8 +79,11 @@ def get_model(name: str) -> type:
     return lookup(MODEL_REGISTRY, "model", name)
 
 
-def _load_builtins() -> None:
-    # Importing the packages runs their @register_* decorators.
-    import marlkit.agents  # noqa: F401
-    import marlkit.envs  # noqa: F401
-    import marlkit.networks  # noqa: F401
+def _load_builtins(table: dict | None = None) -> None:
+    """Import the built-in packages so their @register_* decorators run; only the one a lookup needs,
+    so that an env worker process never imports torch."""
+    import importlib
+    packages = {id(REGISTRY): "marlkit.agents", id(ENV_REGISTRY): "marlkit.envs", id(MODEL_REGISTRY): "marlkit.networks"}
+    for key, package in packages.items():
+        if table is None or id(table) == key:
+            importlib.import_module(package)

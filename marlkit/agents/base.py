@@ -143,7 +143,7 @@ class OnPolicyAgent(Agent):
         self.value_norm = ValueNorm() if cfg.value_norm else None
         if self.value_norm is not None:
             self.modules["value_norm"] = self.value_norm
-        self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5)
+        self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5, fused=True)
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
         self.chunk_length = (cfg.chunk_length or horizon) if self.recurrent else 1

@@ -1,6 +1,7 @@
 """Build envs from an env config: the one place that maps ``env.type`` to an adapter."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 from marlkit.config import EnvConfig, RunnerConfig
@@ -15,16 +16,25 @@ def make_env(cfg: EnvConfig, render: bool = False) -> MultiAgentEnv:
 
 @dataclass
 class _EnvBuilder:
-    """Picklable ``i -> env`` for subprocess workers."""
+    """Picklable ``i -> env`` for subprocess workers. It remembers the module that registered the
+    env type, so that a user's own adapter is registered in a fresh worker process too."""
 
     cfg: EnvConfig
     render: bool = False
+    module: str = ""
+
+    def __post_init__(self):
+        if not self.module:
+            self.module = get_env_type(self.cfg.type).__module__
 
     def __call__(self, index: int) -> MultiAgentEnv:
+        if self.module != "__main__":
+            importlib.import_module(self.module)
         return make_env(self.cfg, render=self.render)
 
 
 def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,
                     render: bool = False) -> VectorEnv:
     return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
-                           runner.workers, runner.worker_timeout, runner.start_method)
+                           runner.workers, runner.worker_timeout, runner.start_method,
+                           runner.worker_start_timeout)

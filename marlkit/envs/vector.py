@@ -5,7 +5,7 @@ processes that exchange arrays through shared memory. Workers are not daemonic, 
 (ViZDoom, Unity) start processes of their own, so they are stopped explicitly: on ``close()``, on
 an error, at interpreter exit, and by themselves when the parent disappears (their command pipe
 reaches EOF). A worker that dies or stops answering becomes an :class:`EnvWorkerError` naming
-its env indices within ``timeout`` seconds.
+the env it was busy with, within ``timeout`` seconds (``start_timeout`` while the envs are built).
 """
 from __future__ import annotations
 
@@ -262,17 +262,31 @@ def _attach(name: str) -> shared_memory.SharedMemory:
         resource_tracker.register = register
 
 
-def _worker(conn, env_fns: list, indices: list[int]) -> None:
+class _Current:
+    """The env index a worker is busy with, shared with the parent so that even a hard crash
+    (a game segfaulting, os._exit) can be pinned on one env."""
+
+    def __init__(self, shared):
+        self.shared = shared
+
+    def set(self, value: int | None) -> None:
+        self.shared.value = -1 if value is None else value
+
+    def get(self) -> int | None:
+        return None if self.shared.value < 0 else int(self.shared.value)
+
+
+def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
     # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: list = []
     arrays = None
-    current = None
+    busy = _Current(busy)
     try:
         for i, fn in zip(indices, env_fns):
-            current = i
+            busy.set(i)
             envs.append(fn())
-        current = None
+        busy.set(None)
         conn.send(("ok", envs[0].spec))
         while True:
             try:
@@ -287,21 +301,21 @@ def _worker(conn, env_fns: list, indices: list[int]) -> None:
                 conn.send(("ok", None))
             elif cmd == "reset":
                 for env, e, s in zip(envs, indices, arg):
-                    current = e
+                    busy.set(e)
                     arrays.write_obs("next", e, env.reset(seed=s))
-                current = None
+                busy.set(None)
                 conn.send(("ok", None))
             elif cmd == "step":
                 for env, e in zip(envs, indices):
-                    current = e
+                    busy.set(e)
                     ob, reward, terminated, truncated, done = env.step(arrays.actions(e))
                     arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
-                current = None
+                busy.set(None)
                 conn.send(("ok", None))
             elif cmd == "render":
-                current = arg
+                busy.set(arg)
                 conn.send(("ok", envs[indices.index(arg)].render()))
-                current = None
+                busy.set(None)
             elif cmd == "get_state":
                 try:
                     conn.send(("ok", pickle.dumps(envs)))
@@ -316,9 +330,9 @@ def _worker(conn, env_fns: list, indices: list[int]) -> None:
                 break
     except KeyboardInterrupt:
         pass
-    except BaseException:
+    except BaseException as exc:
         try:
-            conn.send(("error", (current, traceback.format_exc())))
+            conn.send(("error", (busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         except (BrokenPipeError, OSError):
             pass
     finally:
@@ -345,7 +359,7 @@ class SubprocVectorEnv(VectorEnv):
     """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn)."""
 
     def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
-                 start_method: str = "spawn"):
+                 start_method: str = "spawn", start_timeout: float = 120.0):
         super().__init__()
         self.num_envs = len(env_fns)
         num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
@@ -355,18 +369,20 @@ class SubprocVectorEnv(VectorEnv):
         chunks = np.array_split(np.arange(self.num_envs), num_workers)
         self.indices = [c.tolist() for c in chunks]
         ctx = mp.get_context(start_method)
-        self.conns, self.procs = [], []
+        self.conns, self.procs, self.busy = [], [], []
         _LIVE.add(self)
         try:
             for idx in self.indices:
                 parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx), daemon=False,
+                busy = ctx.RawValue("i", -1)
+                self.busy.append(busy)
+                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy), daemon=False,
                                    name=f"marlkit-env-{idx[0]}-{idx[-1]}")
                 proc.start()
                 child.close()
                 self.conns.append(parent)
                 self.procs.append(proc)
-            specs = self._gather(range(num_workers), "creating the env")
+            specs = self._gather(range(num_workers), "creating the env", start_timeout)
             self.spec = specs[0]
             shapes = action_shapes(self.spec)
             self.arrays = _Arrays.shared(self.spec, self.num_envs, shapes)
@@ -380,32 +396,42 @@ class SubprocVectorEnv(VectorEnv):
         idx = self.indices[w]
         return f"env {idx[0]}" if len(idx) == 1 else f"envs {idx[0]}-{idx[-1]}"
 
-    def _receive(self, w: int, what: str):
+    def _culprit(self, w: int) -> str:
+        busy, pid = self.busy[w].value, self.procs[w].pid
+        if busy >= 0:
+            return f"env {busy} (worker of {self._describe(w)}, pid {pid})"
+        return f"the worker of {self._describe(w)} (pid {pid})"
+
+    def _died(self, w: int, what: str) -> EnvWorkerError:
+        self.procs[w].join(1.0)
+        return EnvWorkerError(f"{self._culprit(w)} died with exit code {self.procs[w].exitcode} while {what}")
+
+    def _receive(self, w: int, what: str, timeout: float | None = None):
         conn, proc = self.conns[w], self.procs[w]
-        deadline = time.monotonic() + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         while not conn.poll(0.05):
             if not proc.is_alive() and not conn.poll(0):
-                raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) died with exit code "
-                                     f"{proc.exitcode} while {what}")
+                raise self._died(w, what)
             if time.monotonic() > deadline:
-                raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) did not answer within "
-                                     f"{self.timeout:g} s while {what} (runner.worker_timeout)")
+                setting = "runner.worker_start_timeout" if what == "creating the env" else "runner.worker_timeout"
+                raise EnvWorkerError(f"{self._culprit(w)} did not answer within {timeout:g} s while {what} "
+                                     f"({setting})")
         try:
             status, payload = conn.recv()
         except (EOFError, OSError):
-            raise EnvWorkerError(f"the worker of {self._describe(w)} (pid {proc.pid}) closed its pipe while "
-                                 f"{what}") from None
+            raise self._died(w, what) from None
         if status == "error":
-            env_index, tb = payload
+            env_index, summary, tb = payload
             where = f"env {env_index}" if env_index is not None else self._describe(w)
-            raise EnvWorkerError(f"{where} raised while {what}:\n{tb}")
+            raise EnvWorkerError(f"{where} raised while {what}: {summary}\n\nworker traceback:\n{tb}")
         return payload
 
-    def _gather(self, workers, what: str) -> list:
+    def _gather(self, workers, what: str, timeout: float | None = None) -> list:
         try:
-            return [self._receive(w, what) for w in workers]
+            return [self._receive(w, what, timeout) for w in workers]
         except BaseException:
-            self.close()
+            self.close(grace=1.0)
             raise
 
     def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
@@ -446,7 +472,9 @@ class SubprocVectorEnv(VectorEnv):
         self._broadcast("set_state", per_worker=blobs)
         self._gather(range(len(self.conns)), "restoring env state")
 
-    def close(self) -> None:
+    def close(self, grace: float | None = None) -> None:
+        """Ask workers to close their envs; after ``grace`` seconds (default: the step timeout, at
+        most 30 s) terminate, then kill, what is left."""
         if self.closed:
             return
         self.closed = True
@@ -456,7 +484,7 @@ class SubprocVectorEnv(VectorEnv):
                 conn.send(("close", None))
             except (BrokenPipeError, OSError):
                 pass
-        deadline = time.monotonic() + max(5.0, min(self.timeout, 30.0))
+        deadline = time.monotonic() + (grace if grace is not None else min(self.timeout, 30.0))
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
@@ -472,12 +500,13 @@ class SubprocVectorEnv(VectorEnv):
 
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
-                    num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn") -> VectorEnv:
+                    num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn",
+                    start_timeout: float = 120.0) -> VectorEnv:
     """``env_fn(i)`` builds env ``i``; it must be picklable for ``vectorize='subprocess'``."""
     import functools
     fns = [functools.partial(env_fn, i) for i in range(num_envs)]
     if vectorize == "sync":
         return SyncVectorEnv(fns)
     if vectorize == "subprocess":
-        return SubprocVectorEnv(fns, num_workers, timeout, start_method)
+        return SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout)
     raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync' or 'subprocess'")

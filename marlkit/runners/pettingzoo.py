@@ -75,7 +75,8 @@ class Runner:
 
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        torch.set_num_threads(cfg.runner.torch_threads)
+        if cfg.runner.torch_threads:
+            torch.set_num_threads(cfg.runner.torch_threads)
         self._seed_everything(cfg.seed)
         if cfg.mode == "test" and not cfg.load:
             raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")

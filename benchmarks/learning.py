@@ -1,0 +1,76 @@
+"""Learning curves on mpe_spread: ``--benchmark`` runs for each agent and seed, then the mean eval
+return (mean over agents of the episode return, 32 episodes) at chosen step counts.
+
+    python benchmarks/learning.py --agents MAPPO IPPO --seeds 1 2 3 --steps 500000 \
+        [--report-at 100000 500000] [--set runner.parallels=32 ...]
+
+Runs are sequential (the machine has 2 cores); writes benchmarks/results/learning_<tag>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import marlkit
+from marlkit.config import parse_set
+
+
+def value_at(evaluations: list[dict], step: int, group: str) -> float | None:
+    """The evaluation closest to ``step`` without going past it by more than one interval."""
+    best = None
+    for row in evaluations:
+        if row["step"] <= step * 1.02:
+            best = row["mean"][group]
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", nargs="+", default=["MAPPO", "IPPO"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
+    parser.add_argument("--steps", type=int, default=500_000)
+    parser.add_argument("--report-at", nargs="+", type=int, default=None)
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--run-root", default="runs/learning")
+    args = parser.parse_args()
+    report_at = args.report_at or [args.steps]
+    overrides = parse_set(args.set)
+    overrides = {**overrides, "runner": {**overrides.get("runner", {}), "total_steps": args.steps,
+                                         "run_root": args.run_root, "progress": False}}
+    results = {}
+    for agent in args.agents:
+        results[agent] = []
+        for seed in args.seeds:
+            run = marlkit.run(agent=agent, env="mpe_spread", mode="benchmark", seed=seed, logger="tensorboard",
+                              **overrides)
+            group = next(iter(run.evaluations[0]["mean"]))
+            row = {"seed": seed, "run_dir": str(run.run_dir),
+                   "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
+                   "at": {str(s): value_at(run.evaluations, s, group) for s in report_at},
+                   "best": max(r["mean"][group] for r in run.evaluations)}
+            results[agent].append(row)
+            print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
+                  + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)
+    print(f"\n{'agent':<8}" + "".join(f"{f'@{s}':>22}" for s in report_at))
+    summary = {}
+    for agent, rows in results.items():
+        cells = []
+        summary[agent] = {}
+        for s in report_at:
+            vals = [r["at"][str(s)] for r in rows]
+            mean = statistics.mean(vals)
+            spread = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            summary[agent][str(s)] = {"mean": mean, "std": spread, "per_seed": vals}
+            cells.append(f"{mean:>14.2f} ± {spread:<5.2f}")
+        print(f"{agent:<8}" + "".join(cells))
+    out = Path(__file__).parent / "results" / f"learning{('_' + args.tag) if args.tag else ''}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"overrides": overrides, "summary": summary, "runs": results}, indent=2))
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

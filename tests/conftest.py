@@ -1,0 +1,37 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+def write_env_yaml(path: Path, factory: str, kwargs: dict | None = None, **sections) -> str:
+    """A user-style env YAML around a toy factory; ``sections`` are merged at the top level."""
+    data = {"description": "test env", "env": {"type": "pettingzoo", "factory": factory, "kwargs": kwargs or {}}}
+    for key, value in sections.items():
+        if key == "env":
+            data["env"].update(value)
+        else:
+            data[key] = value
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+@pytest.fixture
+def env_yaml(tmp_path):
+    def make(factory, kwargs=None, name="toy.yaml", **sections):
+        return write_env_yaml(tmp_path / name, factory, kwargs, **sections)
+    return make
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """Overrides that make any run small, quiet and local to the test."""
+    return {"runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "logger": "none",
+            "runner.parallels": 2, "runner.horizon": 10, "runner.total_steps": 40,
+            "runner.eval_episodes": 2, "runner.eval_parallels": 2, "runner.eval_interval": 20}

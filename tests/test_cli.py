@@ -1,0 +1,113 @@
+"""The ``marlkit`` command end to end on a tiny budget, and its error messages."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "runner.eval_episodes=4",
+        "runner.eval_parallels=2", "runner.eval_interval=100", "runner.log_interval=50"]
+
+
+def cli(*args, cwd=None, timeout=300):
+    env = {**os.environ, "SDL_VIDEODRIVER": "dummy", "PYTHONPATH": os.path.dirname(__file__)}
+    return subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=timeout)
+
+
+def only_run_dir(root, agent="MAPPO", suffix=""):
+    runs = sorted((root / "mpe_spread" / agent).glob(f"*_seed*{suffix}"))
+    return [r for r in runs if r.name.endswith(suffix) and (suffix or not r.name.endswith("_test"))]
+
+
+def test_train_benchmark_test_end_to_end(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--agent", "MAPPO", "--env", "mpe_spread", "--seed", "3", "--set", f"runner.run_root={root}",
+              "runner.total_steps=300", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = only_run_dir(root)
+    assert run.name.endswith("_seed3")
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["runner"]["total_steps"] == 300 and saved["seed"] == 3 and saved["agent"] == "MAPPO"
+    assert saved["agents"]["MAPPO"]["lr"] == pytest.approx(7e-4)
+    assert (run / "latest.pt").is_file()
+    events = EventAccumulator(str(run))
+    events.Reload()
+    returns = events.Scalars("agents/episode_return")
+    assert [e.step for e in returns] == sorted(e.step for e in returns) and returns[-1].step == 300
+    assert all(-200 < e.value < 0 for e in returns)          # mpe_spread rewards are negative distances
+    assert "agents/policy_loss" in events.Tags()["scalars"]
+
+    bench = cli("--agent", "IPPO", "--env", "mpe_spread", "--benchmark", "--set", f"runner.run_root={root}",
+                "runner.total_steps=300", *TINY)
+    assert bench.returncode == 0, bench.stderr
+    [brun] = only_run_dir(root, "IPPO")
+    report = json.loads((brun / "benchmark.json").read_text())
+    assert [r["step"] for r in report["evaluations"]] == [0, 100, 200, 300]
+    assert report["best"]["score"] == max(r["score"] for r in report["evaluations"])
+    assert (brun / "best.pt").is_file() and (brun / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert "benchmark: IPPO on mpe_spread" in bench.stdout and "best @ step" in bench.stdout
+
+    test = cli("--agent", "IPPO", "--env", "mpe_spread", "--test", "--load", str(brun / "best.pt"), "--set",
+               f"runner.run_root={root}", "runner.test_episodes=4", *TINY)
+    assert test.returncode == 0, test.stderr
+    [trun] = only_run_dir(root, "IPPO", "_test")
+    summary = json.loads((trun / "test.json").read_text())["groups"]["agents"]
+    assert summary["episodes"] == 4 and summary["mean"] < 0
+    assert f"{summary['mean']:.3f} ± {summary['std']:.3f}" in test.stdout
+
+
+def test_render_writes_a_video(tmp_path):
+    root = tmp_path / "runs"
+    assert cli("--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY).returncode == 0
+    [run] = only_run_dir(root)
+    out = cli("--test", "--render", "--load", str(run / "latest.pt"), "--set", f"runner.run_root={root}",
+              "runner.test_episodes=1", *TINY)
+    assert out.returncode == 0, out.stderr
+    [trun] = only_run_dir(root, suffix="_test")
+    videos = list(trun.glob("episode.*"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+def test_list_shows_agents_and_envs():
+    out = cli("--list")
+    assert out.returncode == 0
+    assert "MAPPO" in out.stdout and "IPPO" in out.stdout and "random" in out.stdout
+    assert "mpe_spread" in out.stdout and "simple_spread_v3" in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--agent", "MAPOO"], "unknown agent 'MAPOO' (did you mean 'MAPPO'?); valid agents: IPPO, MAPPO, random"),
+    (["--env", "mpe_sprad"], "unknown env 'mpe_sprad' (did you mean 'mpe_spread'?)"),
+    (["--set", "runner.paralels=4"], "unknown key 'runner.paralels' (did you mean 'parallels'?)"),
+    (["--set", "agents.MAPPO.lr=fast"], "agents.MAPPO.lr: expected a number, got 'fast'"),
+    (["--set", "runner.horizon"], "expected KEY=VALUE"),
+    (["--test", "--load", "missing.pt"], "--load 'missing.pt': no such checkpoint file"),
+    (["--test"], "--test needs a checkpoint"),
+    (["--resume", "nowhere"], "--resume 'nowhere': no config.yaml there"),
+    (["--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
+])
+def test_bad_input_exits_2_with_a_clear_message(tmp_path, args, message):
+    out = cli(*args, "--set", f"runner.run_root={tmp_path}", cwd=tmp_path) if "--set" not in args else \
+        cli(*args, f"runner.run_root={tmp_path}", cwd=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr
+    assert "Traceback" not in out.stderr
+    assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_test_and_benchmark_together_is_refused():
+    out = cli("--test", "--benchmark")
+    assert out.returncode == 2 and "choose one of --test and --benchmark" in out.stderr
+
+
+def test_repeated_set_flags_are_all_applied(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--set", f"runner.run_root={root}", "--set", "runner.total_steps=50", "--set", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = only_run_dir(root)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["runner"]["total_steps"] == 50 and saved["runner"]["parallels"] == 2

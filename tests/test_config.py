@@ -1,0 +1,100 @@
+"""Config resolution: precedence, typing, and the errors users see for bad input."""
+import pytest
+import yaml
+
+from marlkit.api import build_config
+from marlkit.config import ConfigError, parse_set
+from marlkit.registry import UnknownNameError
+
+
+def test_precedence_defaults_yaml_config_file_set(tmp_path):
+    cfg = build_config("MAPPO", "mpe_spread")
+    assert cfg.runner.parallels == 16            # from mpe_spread.yaml (dataclass default is also 16)
+    assert cfg.agents["MAPPO"].lr == pytest.approx(7e-4)
+    assert cfg.agents["MAPPO"].gamma == pytest.approx(0.99)  # dataclass default, not in the YAML
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"runner": {"parallels": 4, "horizon": 50}, "agents": {"MAPPO": {"lr": 1e-3}}}))
+    cfg = build_config("MAPPO", "mpe_spread", config=str(extra), **{"runner.parallels": 8})
+    assert cfg.runner.parallels == 8             # --set beats --config
+    assert cfg.runner.horizon == 50              # --config beats the env YAML
+    assert cfg.agents["MAPPO"].lr == pytest.approx(1e-3)
+    assert cfg.env.kwargs["N"] == 3              # untouched env YAML keys survive the merge
+
+
+def test_set_values_are_typed():
+    parsed = parse_set(["runner.parallels=8", "agents.MAPPO.lr=3e-4", "agents.MAPPO.actor.hidden_sizes=[32, 32]",
+                        "runner.progress=false"])
+    cfg = build_config("MAPPO", "mpe_spread", **{k: v for k, v in _flatten(parsed).items()})
+    assert cfg.runner.parallels == 8 and isinstance(cfg.runner.parallels, int)
+    assert cfg.agents["MAPPO"].lr == pytest.approx(3e-4)   # YAML reads "3e-4" as a string; it is coerced
+    assert cfg.agents["MAPPO"].actor.hidden_sizes == [32, 32]
+    assert cfg.runner.progress is False
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def test_unknown_agent_lists_valid_names():
+    with pytest.raises(UnknownNameError) as err:
+        build_config("MAPOO", "mpe_spread")
+    assert "'MAPOO'" in str(err.value) and "did you mean 'MAPPO'" in str(err.value) and "IPPO" in str(err.value)
+
+
+def test_unknown_env_lists_valid_names():
+    with pytest.raises(ConfigError) as err:
+        build_config("MAPPO", "mpe_sprad")
+    assert "did you mean 'mpe_spread'" in str(err.value) and "valid envs" in str(err.value)
+
+
+@pytest.mark.parametrize("key,value,expected", [
+    ("runner.paralels", 4, "unknown key 'runner.paralels' (did you mean 'parallels'?)"),
+    ("agents.MAPPO.learning_rate", 0.1, "unknown key 'agents.MAPPO.learning_rate'"),
+    ("env.facotry", "x:y", "did you mean 'factory'"),
+    ("runner.parallels", "many", "runner.parallels: expected an integer, got 'many'"),
+    ("runner.parallels", 0, "runner.parallels: 0 is below the minimum 1"),
+    ("agents.MAPPO.gamma", 1.5, "agents.MAPPO.gamma: 1.5 is above the maximum 1.0"),
+    ("runner.vectorize", "threads", "runner.vectorize: 'threads' is not allowed; choose one of 'sync', 'subprocess'"),
+    ("agents.MAPPO.value_norm", "maybe", "expected true or false"),
+    ("agents.MAPPO.actor.hidden_sizes", 64, "expected a list"),
+])
+def test_bad_keys_types_and_ranges_name_the_key(key, value, expected):
+    with pytest.raises(ConfigError) as err:
+        build_config("MAPPO", "mpe_spread", **{key: value})
+    assert expected in str(err.value)
+
+
+def test_unknown_agent_section_in_yaml(tmp_path):
+    extra = tmp_path / "extra.yaml"
+    extra.write_text(yaml.safe_dump({"agents": {"IPOP": {"lr": 1e-3}}}))
+    with pytest.raises(ConfigError, match="agents.IPOP: unknown agent 'IPOP'"):
+        build_config("MAPPO", "mpe_spread", config=str(extra))
+
+
+def test_bad_set_syntax_and_missing_files(tmp_path):
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_set(["runner.parallels"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_config("MAPPO", "mpe_spread", config=str(tmp_path / "nope.yaml"))
+    with pytest.raises(ConfigError, match="does not exist"):
+        build_config("MAPPO", str(tmp_path / "nope.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("env: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        build_config("MAPPO", str(bad))
+
+
+def test_bad_factory_is_reported_before_training(env_yaml, tiny):
+    import marlkit
+    with pytest.raises(ConfigError, match="cannot import module 'no_such_module'"):
+        marlkit.run(env=env_yaml("no_such_module:make"), **tiny)
+    with pytest.raises(ConfigError, match="must look like 'package.module:function'"):
+        marlkit.run(env=env_yaml("toy_envs.scripted"), **tiny)
+    with pytest.raises(ConfigError, match="has no attribute 'nope'"):
+        marlkit.run(env=env_yaml("toy_envs:nope"), **tiny)

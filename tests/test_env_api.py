@@ -1,0 +1,70 @@
+"""An env that breaks its own API gets an error naming the agent and the step."""
+import numpy as np
+import pytest
+
+import marlkit
+from marlkit.config import ConfigError
+from marlkit.envs.core import EnvAPIError
+from marlkit.envs.pettingzoo import PettingZooEnv
+from toy_envs import BrokenEnv
+
+
+def _drive(env, steps=6):
+    env.reset(seed=0)
+    for _ in range(steps):
+        env.step({"agents": np.zeros(3, np.int64)})
+
+
+def test_missing_observation_names_agent_and_step():
+    with pytest.raises(EnvAPIError, match="step 3: the env returned no observation for agent 'agent_1', which is still in env.agents"):
+        _drive(PettingZooEnv(BrokenEnv("missing_obs", break_at=3)))
+
+
+def test_observation_outside_its_space():
+    with pytest.raises(EnvAPIError, match=r"step 2: observation of agent 'agent_2' lies outside its observation_space Box\(-10.0, 10.0"):
+        _drive(PettingZooEnv(BrokenEnv("out_of_space", break_at=2)))
+    # the full space check can be turned off for speed; shapes are always checked
+    _drive(PettingZooEnv(BrokenEnv("out_of_space", break_at=2), check_api=False))
+
+
+def test_wrong_shape_and_unknown_agent():
+    class WrongShape(BrokenEnv):
+        def step(self, actions):
+            obs, *rest = super().step(actions)
+            obs["agent_0"] = np.zeros(7, np.float32)
+            return (obs, *rest)
+
+    with pytest.raises(EnvAPIError, match=r"step 1: observation of agent 'agent_0' has shape \(7,\), but its observation_space says \(4,\)"):
+        _drive(PettingZooEnv(WrongShape()))
+
+    class Stranger(BrokenEnv):
+        def step(self, actions):
+            obs, *rest = super().step(actions)
+            obs["ghost"] = np.zeros(4, np.float32)
+            return (obs, *rest)
+
+    with pytest.raises(EnvAPIError, match="step 1: the env returned an observation for 'ghost', which is not in possible_agents"):
+        _drive(PettingZooEnv(Stranger()))
+
+
+def test_missing_reward_names_agent():
+    class NoReward(BrokenEnv):
+        def step(self, actions):
+            obs, rewards, *rest = super().step(actions)
+            rewards.pop("agent_2")
+            return (obs, rewards, *rest)
+
+    with pytest.raises(EnvAPIError, match=r"step 1: the env returned no reward for agent\(s\) \['agent_2'\]"):
+        _drive(PettingZooEnv(NoReward()))
+
+
+def test_api_error_surfaces_through_the_runner(env_yaml, tiny):
+    path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 4})
+    with pytest.raises(EnvAPIError, match="step 4: .*agent 'agent_1'"):
+        marlkit.run(agent="MAPPO", env=path, **tiny)
+
+
+def test_not_a_parallel_env(env_yaml, tiny):
+    path = env_yaml("toy_envs:not_parallel")
+    with pytest.raises(ConfigError, match="env factory returned dict, not a PettingZoo ParallelEnv"):
+        marlkit.run(agent="MAPPO", env=path, **tiny)

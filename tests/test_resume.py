@@ -1,0 +1,96 @@
+"""Checkpoints: exact resume, atomic writes, mismatched checkpoints, the NaN guard."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+import marlkit
+from marlkit.config import ConfigError
+from marlkit.agents.base import CheckpointMismatchError, TrainingDivergedError
+from marlkit.runners import checkpoint as ckpt_module
+
+
+def _run(tiny, **extra):
+    return marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**tiny, "runner.parallels": 4,
+                                                                   "runner.horizon": 25, **extra})
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])
+def test_resume_continues_exactly(tiny, agent):
+    full = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**tiny, "runner.parallels": 4,
+                                                                 "runner.horizon": 25, "runner.total_steps": 1200,
+                                                                 "runner.save_interval": 600})
+    half = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**tiny, "runner.parallels": 4,
+                                                                 "runner.horizon": 25, "runner.total_steps": 600,
+                                                                 "runner.save_interval": 600})
+    resumed = marlkit.run(mode="train", resume=str(half.run_dir), **{"runner.total_steps": 1200})
+    assert resumed.run_dir == half.run_dir and resumed.steps == full.steps == 1200
+    assert resumed.metrics.keys() == full.metrics.keys()
+    for key, value in full.metrics.items():
+        if not key.startswith("perf/"):
+            assert resumed.metrics[key] == value, key
+    assert resumed.episode_returns == full.episode_returns
+    a = torch.load(full.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    b = torch.load(half.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_failed_save_keeps_the_previous_checkpoint(tiny, monkeypatch):
+    run = _run(tiny, **{"runner.total_steps": 200})
+    latest = run.run_dir / "latest.pt"
+    before = latest.read_bytes()
+
+    def broken_save(obj, path, *args, **kwargs):
+        Path(path).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt_module.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt_module.save_checkpoint(latest, {"groups": {}})
+    assert latest.read_bytes() == before
+    assert [p.name for p in run.run_dir.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_checkpoint_from_another_agent_or_env_is_refused(tiny, env_yaml):
+    run = _run(tiny, **{"runner.total_steps": 100})
+    ckpt = str(run.run_dir / "latest.pt")
+    with pytest.raises(CheckpointMismatchError, match="group 'agents' was trained by agent 'MAPPO', but this run uses 'IPPO'"):
+        marlkit.run(agent="IPPO", env="mpe_spread", mode="test", load=ckpt, **tiny)
+    other = env_yaml("toy_envs:scripted")
+    with pytest.raises(CheckpointMismatchError, match="was trained on env 'mpe_spread', but this run uses env 'toy'"):
+        marlkit.run(agent="MAPPO", env=other, mode="test", load=ckpt, **tiny)
+    # same env name, different spaces (N=4 agents instead of 3)
+    with pytest.raises(CheckpointMismatchError, match="trained on a different env: agents was"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", load=ckpt, **{**tiny, "env.kwargs.N": 4})
+    garbage = Path(tiny["runner.run_root"]) / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointMismatchError, match="is not a marlkit checkpoint"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", load=str(garbage), **tiny)
+
+
+def test_missing_load_file_and_test_without_load(tiny):
+    with pytest.raises(FileNotFoundError, match="--load 'nope.pt': no such checkpoint file"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", load="nope.pt", **tiny)
+    with pytest.raises(ConfigError, match="--test needs a checkpoint"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", **tiny)
+    with pytest.raises(FileNotFoundError, match="no config.yaml there"):
+        marlkit.run(mode="train", resume=tiny["runner.run_root"])
+
+
+def test_nan_guard_stops_and_keeps_last_good_checkpoint(env_yaml, tiny):
+    path = env_yaml("toy_envs:broken", {"how": "nan_reward", "break_at": 10 ** 9})
+    good = marlkit.run(agent="MAPPO", env=path, **{**tiny, "runner.total_steps": 40, "runner.save_interval": 20})
+    # same run dir layout, now with rewards that turn NaN after 25 steps
+    path = env_yaml("toy_envs:broken", {"how": "nan_reward", "break_at": 25})
+    with pytest.raises(TrainingDivergedError) as err:
+        marlkit.run(agent="MAPPO", env=path, **{**tiny, "runner.total_steps": 400, "runner.save_interval": 20})
+    message = str(err.value)
+    assert "training stopped at step 40" in message and "the loss became nan" in message
+    assert "the last good checkpoint is" in message
+    kept = Path(message.split("the last good checkpoint is ")[1].strip())
+    state = torch.load(kept, weights_only=False)
+    for name, tensor in state["groups"]["agents"]["modules"].items():
+        assert torch.isfinite(tensor.float()).all(), name
+    assert good.run_dir != kept.parent

@@ -1,0 +1,169 @@
+"""In-process and subprocess vector envs: same trajectories, errors with env indices, no leftovers."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from marlkit.envs.core import EnvWorkerError
+from marlkit.envs.pettingzoo import PettingZooConfig
+from marlkit.envs.vector import SubprocVectorEnv, SyncVectorEnv
+from marlkit.envs.factory import _EnvBuilder
+import functools
+
+
+def fns(n, factory="toy_envs:scripted", **kwargs):
+    builder = _EnvBuilder(PettingZooConfig(factory=factory, kwargs=kwargs))
+    return [functools.partial(builder, i) for i in range(n)]
+
+
+def trajectory(venv, steps=40, seed=7):
+    rng = np.random.default_rng(0)
+    obs = venv.reset(seed=seed)
+    out = [obs.obs["agents"].copy()]
+    for _ in range(steps):
+        res = venv.step({"agents": rng.integers(0, 3, (venv.num_envs, 3))})
+        out += [res.next.obs["agents"], res.final.obs["agents"], res.reward["agents"], res.agent_mask_sum
+                if hasattr(res, "agent_mask_sum") else res.next.agent_mask["agents"], res.episode_end,
+                res.terminated["agents"], res.truncated["agents"], res.next.state]
+        out += [np.array([i["episode"]["return"]["agents"]]) for i in res.infos if "episode" in i]
+    return out
+
+
+def test_sync_and_subprocess_give_identical_trajectories():
+    sync = SyncVectorEnv(fns(5, length=7))
+    try:
+        a = trajectory(sync)
+    finally:
+        sync.close()
+    sub = SubprocVectorEnv(fns(5, length=7), num_workers=2, timeout=30)
+    try:
+        b = trajectory(sub)
+    finally:
+        sub.close()
+    assert len(a) == len(b) and len(a) > 300
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_auto_reset_and_final_observation():
+    venv = SyncVectorEnv(fns(2, length=3))
+    try:
+        venv.reset(seed=0)
+        for _ in range(2):
+            res = venv.step({"agents": np.zeros((2, 3), np.int64)})
+            assert not res.episode_end.any()
+        res = venv.step({"agents": np.zeros((2, 3), np.int64)})
+        assert res.episode_end.all()
+        # next is the new episode's first observation (time feature 0), final the old episode's last
+        assert (res.next.obs["agents"][:, 0, 1] == 0).all() and (res.final.obs["agents"][:, 0, 1] == 1.0).all()
+    finally:
+        venv.close()
+
+
+def test_dead_worker_is_reported_with_its_env_index():
+    venv = SubprocVectorEnv(fns(4, factory="toy_envs:crashing", mode="exit", at=2), num_workers=2, timeout=20)
+    try:
+        venv.reset(seed=0)
+        venv.step({"agents": np.zeros((4, 3), np.int64)})
+        start = time.monotonic()
+        with pytest.raises(EnvWorkerError, match=r"env 0 \(worker of envs 0-1, pid \d+\) died with exit code 3 while stepping"):
+            venv.step({"agents": np.zeros((4, 3), np.int64)})
+        assert time.monotonic() - start < 10
+    finally:
+        venv.close()
+    assert all(not p.is_alive() for p in venv.procs)
+
+
+def test_hung_worker_times_out():
+    venv = SubprocVectorEnv(fns(2, factory="toy_envs:crashing", mode="hang", at=1), num_workers=2, timeout=2)
+    try:
+        venv.reset(seed=0)
+        start = time.monotonic()
+        with pytest.raises(EnvWorkerError, match=r"did not answer within 2 s while stepping"):
+            venv.step({"agents": np.zeros((2, 3), np.int64)})
+        assert time.monotonic() - start < 6
+    finally:
+        venv.close()
+    assert all(not p.is_alive() for p in venv.procs)
+
+
+def test_env_exception_names_the_env():
+    venv = SubprocVectorEnv(fns(3, factory="toy_envs:broken", how="missing_obs", break_at=2), num_workers=3)
+    try:
+        venv.reset(seed=0)
+        with pytest.raises(EnvWorkerError, match=r"env 0 raised while stepping:.*no observation for agent 'agent_1'"):
+            for _ in range(4):
+                venv.step({"agents": np.zeros((3, 3), np.int64)})
+    finally:
+        venv.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purpose
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def _wait_gone(pids, timeout=15.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+def test_workers_can_host_envs_with_child_processes_and_close_them(tmp_path):
+    """A daemonic worker could not start the env's own child process; close() must end both."""
+    pid_file = tmp_path / "pids"
+    venv = SubprocVectorEnv(fns(2, factory="toy_envs:child_process", pid_file=str(pid_file)), num_workers=2)
+    venv.reset(seed=0)
+    children = [int(x) for x in pid_file.read_text().split()]
+    workers = [p.pid for p in venv.procs]
+    assert len(children) == 2 and all(_alive(p) for p in children + workers)
+    venv.close()
+    assert _wait_gone(children + workers) == []
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "exception"])
+def test_no_process_survives_the_parent(tmp_path, how):
+    """The parent dies (SIGKILL, SIGTERM, or an exception); workers and their children go too."""
+    pid_file = tmp_path / "pids"
+    script = textwrap.dedent(f"""
+        import sys, time, functools, numpy as np
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from marlkit.envs.pettingzoo import PettingZooConfig
+        from marlkit.envs.factory import _EnvBuilder
+        from marlkit.envs.vector import SubprocVectorEnv
+        if __name__ == "__main__":
+            b = _EnvBuilder(PettingZooConfig(factory="toy_envs:child_process", kwargs={{"pid_file": {str(pid_file)!r}}}))
+            venv = SubprocVectorEnv([functools.partial(b, i) for i in range(2)], num_workers=2)
+            venv.reset(seed=0)
+            print(" ".join(str(p.pid) for p in venv.procs), flush=True)
+            if {how!r} == "exception":
+                raise RuntimeError("boom")
+            while True:
+                venv.step({{"agents": np.zeros((2, 3), np.int64)}})
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers = [int(p) for p in proc.stdout.readline().split()]
+    assert len(workers) == 2, proc.stderr.read()
+    children = [int(x) for x in pid_file.read_text().split()]
+    if how == "sigkill":
+        proc.send_signal(signal.SIGKILL)
+    elif how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert _wait_gone(workers + children) == []

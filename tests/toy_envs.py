@@ -1,0 +1,228 @@
+"""Small PettingZoo ParallelEnvs with known behaviour, for the tests (factories usable from YAML as
+``toy_envs:<function>`` because pytest puts this folder on sys.path, and spawned workers inherit it)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+
+class ScriptedEnv(ParallelEnv):
+    """Agents with scripted lifetimes: ``lifetimes[agent] = (first_step, last_step)``.
+
+    Every present agent gets reward ``reward_of[agent]`` per step; an agent leaves with
+    terminated=True after its last step; the episode lasts ``length`` steps (truncation at the end).
+    Observations encode (agent index, step, random noise) and are deterministic given the seed.
+    """
+
+    metadata = {"name": "scripted_v0", "render_fps": 5}
+
+    def __init__(self, length=10, lifetimes=None, reward_of=None, n_actions=3, obs_dim=4, render_mode=None):
+        self.possible_agents = ["agent_0", "agent_1", "agent_2"]
+        self.length = length
+        self.lifetimes = lifetimes or {"agent_0": (0, length - 1), "agent_1": (0, 3), "agent_2": (3, length - 1)}
+        self.reward_of = reward_of or {"agent_0": 1.0, "agent_1": 2.0, "agent_2": 3.0}
+        self.n_actions, self.obs_dim = n_actions, obs_dim
+        self.render_mode = render_mode
+        self._obs_space = spaces.Box(-10, 10, (obs_dim,), np.float32)
+        self._act_space = spaces.Discrete(n_actions)
+        self.actions_seen: list[dict] = []
+
+    def observation_space(self, agent):
+        return self._obs_space
+
+    def action_space(self, agent):
+        return self._act_space
+
+    def _alive(self, t):
+        return [a for a in self.possible_agents if self.lifetimes[a][0] <= t <= self.lifetimes[a][1]]
+
+    def _obs(self, agent):
+        i = self.possible_agents.index(agent)
+        noise = self.np_random.uniform(-1, 1, self.obs_dim - 2)
+        return np.concatenate([[i, self.t / self.length], noise]).astype(np.float32)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None or not hasattr(self, "np_random"):
+            self.np_random = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = self._alive(0)
+        return {a: self._obs(a) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        acting = list(self.agents)
+        self.actions_seen.append(dict(actions))
+        rewards = {a: self.reward_of[a] for a in acting}
+        terminations = {a: self.t >= self.lifetimes[a][1] and self.t < self.length - 1 for a in acting}
+        truncations = {a: self.t >= self.length - 1 for a in acting}
+        self.t += 1
+        obs = {a: self._obs(a) for a in acting}
+        infos = {a: {} for a in acting}
+        survivors = [a for a in acting if not terminations[a] and not truncations[a]]
+        newcomers = [a for a in self._alive(self.t) if a not in acting] if self.t < self.length else []
+        for a in newcomers:
+            obs[a], infos[a] = self._obs(a), {}
+        self.agents = survivors + newcomers
+        return obs, rewards, terminations, truncations, infos
+
+    def render(self):
+        frame = np.zeros((32, 32, 3), np.uint8)
+        frame[:, : 3 * self.t % 32] = 200
+        return frame
+
+
+def scripted(**kwargs):
+    return ScriptedEnv(**kwargs)
+
+
+class MaskedChoiceEnv(ScriptedEnv):
+    """All agents live the whole episode; each step only a rotating half of the actions is legal
+    (given in the observation dict). An illegal action raises at once."""
+
+    def __init__(self, length=20, n_actions=6, obs_dim=4):
+        super().__init__(length=length, lifetimes={a: (0, length - 1) for a in ["agent_0", "agent_1", "agent_2"]},
+                         n_actions=n_actions, obs_dim=obs_dim)
+        self._obs_space = spaces.Dict({"observation": spaces.Box(-10, 10, (obs_dim,), np.float32),
+                                       "action_mask": spaces.MultiBinary(n_actions)})
+
+    def legal(self, agent, t):
+        i = self.possible_agents.index(agent)
+        return np.array([(k + i + t) % 2 == 0 for k in range(self.n_actions)], np.int8)
+
+    def _obs(self, agent):
+        return {"observation": super()._obs(agent), "action_mask": self.legal(agent, self.t)}
+
+    def step(self, actions):
+        for agent, action in actions.items():
+            if not self.legal(agent, self.t)[action]:
+                raise AssertionError(f"illegal action {action} for {agent} at step {self.t}")
+        return super().step(actions)
+
+
+def masked_choice(**kwargs):
+    return MaskedChoiceEnv(**kwargs)
+
+
+class TwoTeamEnv(ParallelEnv):
+    """Two groups with different spaces: ``predator_0`` (Discrete(4), obs 3) and ``prey_0``,
+    ``prey_1`` (Box(-1, 1, (2,)) actions, obs 5). Prey are rewarded for actions near +0.5,
+    the predator for action 2."""
+
+    metadata = {"name": "two_team_v0"}
+
+    def __init__(self, length=8):
+        self.possible_agents = ["predator_0", "prey_0", "prey_1"]
+        self.length = length
+        self.spaces_obs = {"predator_0": spaces.Box(-1, 1, (3,), np.float32)}
+        self.spaces_obs.update({p: spaces.Box(-1, 1, (5,), np.float32) for p in ("prey_0", "prey_1")})
+        self.spaces_act = {"predator_0": spaces.Discrete(4)}
+        self.spaces_act.update({p: spaces.Box(-1, 1, (2,), np.float32) for p in ("prey_0", "prey_1")})
+        self.last_actions = {}
+
+    def observation_space(self, agent):
+        return self.spaces_obs[agent]
+
+    def action_space(self, agent):
+        return self.spaces_act[agent]
+
+    def _obs(self):
+        return {a: self.np_random.uniform(-1, 1, self.spaces_obs[a].shape).astype(np.float32) for a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None or not hasattr(self, "np_random"):
+            self.np_random = np.random.default_rng(seed)
+        self.t = 0
+        self.agents = list(self.possible_agents)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.last_actions = dict(actions)
+        self.t += 1
+        rewards = {"predator_0": float(actions["predator_0"] == 2)}
+        for p in ("prey_0", "prey_1"):
+            assert self.spaces_act[p].contains(np.asarray(actions[p], np.float32)), actions[p]
+            rewards[p] = -float(np.abs(np.asarray(actions[p]) - 0.5).sum())
+        done = self.t >= self.length
+        obs = self._obs()
+        term = {a: False for a in self.agents}
+        trunc = {a: done for a in self.agents}
+        if done:
+            self.agents = []
+        return obs, rewards, term, trunc, {a: {} for a in obs}
+
+
+def two_team(**kwargs):
+    return TwoTeamEnv(**kwargs)
+
+
+class BrokenEnv(ScriptedEnv):
+    """Breaks the API at ``break_at``: ``how`` = 'missing_obs' drops agent_1's observation,
+    'out_of_space' returns an observation outside the Box, 'nan_reward' returns NaN rewards."""
+
+    def __init__(self, how="missing_obs", break_at=3, **kwargs):
+        super().__init__(lifetimes={a: (0, 9) for a in ["agent_0", "agent_1", "agent_2"]}, **kwargs)
+        self.how, self.break_at = how, break_at
+
+    def step(self, actions):
+        obs, rewards, term, trunc, infos = super().step(actions)
+        if self.t >= self.break_at:
+            if self.how == "missing_obs":
+                obs.pop("agent_1", None)
+            elif self.how == "out_of_space":
+                obs["agent_2"] = np.full(self.obs_dim, 99.0, np.float32)
+            elif self.how == "nan_reward":
+                rewards = {a: float("nan") for a in rewards}
+        return obs, rewards, term, trunc, infos
+
+
+def broken(**kwargs):
+    return BrokenEnv(**kwargs)
+
+
+class CrashingEnv(ScriptedEnv):
+    """'exit': the process dies at step ``at`` (as a segfaulting game would); 'hang': it sleeps."""
+
+    def __init__(self, mode="exit", at=3, **kwargs):
+        super().__init__(**kwargs)
+        self.mode, self.at, self.steps = mode, at, 0
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == self.at:
+            if self.mode == "exit":
+                os._exit(3)
+            time.sleep(3600)
+        return super().step(actions)
+
+
+def crashing(**kwargs):
+    return CrashingEnv(**kwargs)
+
+
+class ChildProcessEnv(ScriptedEnv):
+    """Starts a child process of its own (as a game engine does) and writes its pid to ``pid_file``."""
+
+    def __init__(self, pid_file, **kwargs):
+        super().__init__(**kwargs)
+        self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(pid_file, "a") as fh:
+            fh.write(f"{self.child.pid}\n")
+
+    def close(self):
+        if self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+
+
+def child_process(**kwargs):
+    return ChildProcessEnv(**kwargs)
+
+
+def not_parallel(**kwargs):
+    """A factory that returns something that is not a ParallelEnv."""
+    return {"hello": "world"}
