@@ -93,7 +93,7 @@ class RunnerConfig:
     test_episodes: int = field(default=10, metadata=_range(1))
     save_interval: int = field(default=50_000, metadata=_range(1))
     log_interval: int = field(default=5_000, metadata=_range(1))
-    torch_threads: Optional[int] = field(default=None, metadata=_range(1))
+    torch_threads: Optional[int] = field(default=1, metadata=_range(1))
     run_root: str = "runs"
     progress: bool = True
     video_fps: int = field(default=10, metadata=_range(1))

@@ -161,16 +161,17 @@ def two_team(**kwargs):
 
 
 class BrokenEnv(ScriptedEnv):
-    """Breaks the API at ``break_at``: ``how`` = 'missing_obs' drops agent_1's observation,
+    """Breaks the API from its ``break_at``-th step on (counted across episodes): ``how`` = 'missing_obs' drops agent_1's observation,
     'out_of_space' returns an observation outside the Box, 'nan_reward' returns NaN rewards."""
 
     def __init__(self, how="missing_obs", break_at=3, **kwargs):
         super().__init__(lifetimes={a: (0, 9) for a in ["agent_0", "agent_1", "agent_2"]}, **kwargs)
-        self.how, self.break_at = how, break_at
+        self.how, self.break_at, self.total_steps = how, break_at, 0
 
     def step(self, actions):
         obs, rewards, term, trunc, infos = super().step(actions)
-        if self.t >= self.break_at:
+        self.total_steps += 1
+        if self.total_steps >= self.break_at:
             if self.how == "missing_obs":
                 obs.pop("agent_1", None)
             elif self.how == "out_of_space":

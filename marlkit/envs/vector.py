@@ -10,6 +10,7 @@ the env it was busy with, within ``timeout`` seconds (``start_timeout`` while th
 from __future__ import annotations
 
 import atexit
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -21,6 +22,7 @@ from multiprocessing import resource_tracker, shared_memory
 from typing import Callable
 
 import numpy as np
+from gymnasium.utils import EzPickle
 
 from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult,
                                empty_observation, group_arrays)
@@ -128,6 +130,44 @@ def action_shapes(spec: EnvSpec) -> dict:
     return out
 
 
+def _rebuild(cls, args: tuple, kwargs: dict, state: dict):
+    obj = cls(*args, **kwargs)
+    obj.__dict__.update(state)
+    return obj
+
+
+def _picklable(value) -> bool:
+    try:
+        _StatePickler(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception:
+        return False
+    return True
+
+
+class _StatePickler(pickle.Pickler):
+    """Pickles an env's state even when its class pickles only its constructor arguments
+    (gymnasium's ``EzPickle``, used by PettingZoo envs): the object is rebuilt from those
+    arguments and then given back every attribute that can be pickled, so a checkpointed env is
+    the same env mid-episode. Attributes that cannot be pickled (a pygame surface) come from the
+    fresh construction."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, EzPickle):
+            state = {k: v for k, v in obj.__dict__.items() if not k.startswith("_ezpickle") and _picklable(v)}
+            return _rebuild, (type(obj), obj._ezpickle_args, obj._ezpickle_kwargs, state)
+        return NotImplemented
+
+
+def dumps_state(obj) -> bytes | None:
+    """Env state for an exact resume, or None when something in it cannot be pickled."""
+    buffer = io.BytesIO()
+    try:
+        _StatePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    except Exception:
+        return None
+    return buffer.getvalue()
+
+
 class EpisodeStats:
     """Per-env running returns; on episode end, per group the mean over agents of their return
     (agents never present in the episode are left out) and the episode length."""
@@ -232,10 +272,7 @@ class SyncVectorEnv(VectorEnv):
         return self.envs[index].render()
 
     def get_state(self) -> bytes | None:
-        try:
-            return pickle.dumps((self.envs, self.stats, self._acting))
-        except Exception:
-            return None
+        return dumps_state((self.envs, self.stats, self._acting))
 
     def set_state(self, blob: bytes) -> None:
         for env in self.envs:
@@ -317,10 +354,7 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
                 conn.send(("ok", envs[indices.index(arg)].render()))
                 busy.set(None)
             elif cmd == "get_state":
-                try:
-                    conn.send(("ok", pickle.dumps(envs)))
-                except Exception:
-                    conn.send(("ok", None))
+                conn.send(("ok", dumps_state(envs)))
             elif cmd == "set_state":
                 for env in envs:
                     env.close()

@@ -201,7 +201,7 @@ class Runner:
         for g, agent in self.agents.items():
             agent.load_state_dict(ckpt["groups"][g])
         state = pickle.loads(ckpt["runner"])
-        if state.pop("venv") is not None:
+        if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
         else:
             state["obs"] = self.venv.reset(seed=self.cfg.seed * 10_000 + state["steps"])
