@@ -90,8 +90,11 @@ def test_chunk_length_must_divide_horizon(tiny):
 
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])
 def test_learns_on_mpe_spread(tiny, agent):
-    """From random (about -26.6, mean over agents) to clearly better within 30k env steps."""
-    run = marlkit.run(agent=agent, env="mpe_spread", seed=1, **{**tiny, "runner.parallels": 16,
-                                                                "runner.horizon": 25, "runner.total_steps": 30_000})
-    late = np.mean([r["agents"] for r in run.episode_returns[-50:]])
-    assert late > -23.5, late
+    """Clearly better than the random policy (about -26.6, mean over agents) within 40k env steps."""
+    common = {**tiny, "runner.parallels": 16, "runner.horizon": 25}
+    random = marlkit.run(agent="random", env="mpe_spread", seed=1, **{**common, "runner.total_steps": 2500})
+    baseline = np.mean([r["agents"] for r in random.episode_returns])
+    assert -28.5 < baseline < -24.5
+    run = marlkit.run(agent=agent, env="mpe_spread", seed=1, **{**common, "runner.total_steps": 40_000})
+    late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
+    assert late > baseline + 2.0, (late, baseline)

@@ -153,6 +153,8 @@ class Runner:
         done = np.zeros(venv.num_envs, int)
         results: list[dict] = []
         obs = venv.reset(seed=seed)
+        if on_frame is not None:
+            on_frame()
         hidden = {g: a.initial_hidden(venv.num_envs) for g, a in self.agents.items()}
         while (done < quota).any():
             outs = self._act(obs, hidden, explore)
@@ -272,7 +274,8 @@ class Runner:
                     if state["recent"]:
                         shown["return"] = " ".join(f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents)
                     bar.set_postfix(shown, refresh=False)
-                if eval_venv is not None and state["steps"] >= state["next_eval"]:
+                finished = state["steps"] >= rc.total_steps
+                if eval_venv is not None and (state["steps"] >= state["next_eval"] or finished):
                     self._evaluate(state, eval_venv, result)
                 if state["steps"] >= state["next_save"] or state["steps"] >= rc.total_steps:
                     self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
@@ -329,8 +332,6 @@ class Runner:
                     agent.load_state_dict(ckpt["groups"][g], weights_only=True)
                 frames: list = []
                 on_frame = (lambda: frames.append(self.venv.render(0))) if render else None
-                if render:
-                    frames.append(self.venv.render(0))
                 episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
                                              seed=cfg.seed * 10_000 + 999, on_frame=on_frame)
             finally:
