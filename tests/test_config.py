@@ -98,3 +98,13 @@ def test_bad_factory_is_reported_before_training(env_yaml, tiny):
         marlkit.run(env=env_yaml("toy_envs.scripted"), **tiny)
     with pytest.raises(ConfigError, match="has no attribute 'nope'"):
         marlkit.run(env=env_yaml("toy_envs:nope"), **tiny)
+
+
+def test_bad_device_is_named(tiny):
+    import marlkit
+    import torch
+    with pytest.raises(ConfigError, match="device: 'banana' is not a torch device"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", device="banana", **tiny)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device: 'cuda' was asked for but CUDA is not available"):
+            marlkit.run(agent="MAPPO", env="mpe_spread", device="cuda", **tiny)

@@ -137,12 +137,14 @@ class OnPolicyAgent(Agent):
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu"):
         super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device)
-        self.generator = torch.Generator().manual_seed(int(seed))
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         torch.manual_seed(int(seed))
         self.modules = nn.ModuleDict(self.build())
         self.value_norm = ValueNorm() if cfg.value_norm else None
         if self.value_norm is not None:
             self.modules["value_norm"] = self.value_norm
+        self.modules.to(self.device)
         self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5, fused=True)
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
@@ -198,24 +200,27 @@ class OnPolicyAgent(Agent):
     def _denormalize(self, value: torch.Tensor) -> torch.Tensor:
         return self.value_norm.denormalize(value) if self.value_norm is not None else value
 
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
     @torch.inference_mode()
     def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
-        o = torch.from_numpy(obs).unsqueeze(0)
-        s = torch.from_numpy(state).unsqueeze(0)
-        m = torch.from_numpy(action_mask).unsqueeze(0) if self.group.n_actions else None
-        h_actor, h_critic = self.split_hidden(torch.from_numpy(hidden) if hidden is not None else None)
+        o = self.tensor(obs).unsqueeze(0)
+        s = self.tensor(state).unsqueeze(0)
+        m = self.tensor(action_mask).unsqueeze(0) if self.group.n_actions else None
+        h_actor, h_critic = self.split_hidden(self.tensor(hidden) if hidden is not None else None)
         dist, h_actor = self.policy(o, s, h_actor, None, m)
         action = dist.sample(self.generator) if explore else dist.mode()
         log_prob = dist.log_prob(action)
         value = next_hidden = None
         if self.critic_acts_online:
             v, h_critic = self.values(o, s, h_critic, None)
-            value = self._denormalize(v)[0].numpy()
+            value = self._denormalize(v)[0].cpu().numpy()
         if self.recurrent:
             next_hidden = torch.stack([h_actor if h_actor is not None else torch.zeros_like(h_critic),
                                        h_critic if h_critic is not None else torch.zeros_like(h_actor)],
-                                      -2).numpy()
-        return ActOut(action[0].numpy(), log_prob[0].numpy(), value, next_hidden)
+                                      -2).cpu().numpy()
+        return ActOut(action[0].cpu().numpy(), log_prob[0].cpu().numpy(), value, next_hidden)
 
     def store(self, step: Transition) -> None:
         self.buffer.add(step)
@@ -225,9 +230,9 @@ class OnPolicyAgent(Agent):
     @torch.no_grad()
     def _value_of(self, obs: np.ndarray, state: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
         """Real-scale values of ``[N, A, ...]`` observations (one step each)."""
-        h = self.split_hidden(torch.from_numpy(hidden))[1] if hidden is not None else None
-        v, _ = self.values(torch.from_numpy(obs).unsqueeze(0), torch.from_numpy(state).unsqueeze(0), h, None)
-        return self._denormalize(v)[0].numpy()
+        h = self.split_hidden(self.tensor(hidden))[1] if hidden is not None else None
+        v, _ = self.values(self.tensor(obs).unsqueeze(0), self.tensor(state).unsqueeze(0), h, None)
+        return self._denormalize(v)[0].cpu().numpy()
 
     def update(self, bootstrap: Bootstrap) -> dict[str, float]:
         buf, cfg = self.buffer, self.cfg
@@ -249,16 +254,16 @@ class OnPolicyAgent(Agent):
         advantages, returns = compute_gae(buf.reward, buf.value, buf.terminated, buf.truncated, buf.episode_end,
                                           buf.agent_mask, truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
         present = buf.agent_mask
-        old_value = torch.from_numpy(buf.value)
+        old_value = self.tensor(buf.value)
         if self.value_norm is not None:
             old_value = self.value_norm.normalize(old_value)
-            self.value_norm.update(torch.from_numpy(returns[present]))
+            self.value_norm.update(self.tensor(returns[present]))
         if cfg.advantage_norm and present.any():
             mean, std = advantages[present].mean(), advantages[present].std()
             advantages = np.where(present, (advantages - mean) / (std + 1e-8), 0.0).astype(np.float32)
 
         data = {"obs": buf.obs, "state": buf.state, "agent_mask": present, "action_mask": buf.action_mask,
-                "actions": buf.actions, "log_prob": buf.log_prob, "old_value": old_value.numpy(),
+                "actions": buf.actions, "log_prob": buf.log_prob, "old_value": old_value.cpu().numpy(),
                 "advantages": advantages, "returns": returns, "episode_start": episode_start, **buf.extras}
         if buf.hidden is not None:
             data["hidden"] = buf.hidden
@@ -266,7 +271,7 @@ class OnPolicyAgent(Agent):
         count = 0
         for _ in range(cfg.epochs):
             for batch in minibatches(data, cfg.minibatches, self.chunk_length, self.rng):
-                loss, metrics = self.loss(batch)
+                loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
                 if not torch.isfinite(loss):
                     raise TrainingDivergedError(
                         f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "

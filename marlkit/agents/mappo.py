@@ -29,7 +29,7 @@ class MAPPO(OnPolicyAgent):
     def _with_id(self, x: torch.Tensor) -> torch.Tensor:
         if not self.cfg.use_agent_id:
             return x
-        ids = torch.eye(self.n_agents, dtype=torch.float32).expand(*x.shape[:2], -1, -1)
+        ids = torch.eye(self.n_agents, dtype=torch.float32, device=x.device).expand(*x.shape[:2], -1, -1)
         return torch.cat([x.float(), ids], -1)
 
     def _input_shape(self, shape: tuple[int, ...], role: str) -> tuple[int, ...]:

@@ -63,7 +63,7 @@ class DiagGaussian:
         self.mean, self.log_std = mean, log_std.expand_as(mean)
 
     def sample(self, generator=None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype)
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device)
         return self.mean + self.log_std.exp() * noise
 
     def mode(self) -> torch.Tensor:

@@ -30,7 +30,7 @@ class GRU(Encoder):
     def forward(self, x, hidden=None, episode_start=None):
         length, batch = x.shape[:2]
         z = self.mlp(x.reshape(length * batch, *x.shape[2:]).float()).reshape(length, batch, -1)
-        h = torch.zeros(batch, self.hidden_size) if hidden is None else hidden
+        h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
         outputs = []
         for t in range(length):
             if episode_start is not None and t > 0:

@@ -12,7 +12,7 @@ import signal
 import time
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -28,6 +28,7 @@ from marlkit.envs.factory import make_env_vector
 from marlkit.logger import Logger
 from marlkit.registry import closest, get_agent
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
+from marlkit.runners.report import write_benchmark_report, write_video
 
 
 @dataclass
@@ -78,6 +79,12 @@ class Runner:
         if cfg.runner.torch_threads:
             torch.set_num_threads(cfg.runner.torch_threads)
         self._seed_everything(cfg.seed)
+        try:
+            device = torch.device(cfg.device)
+        except RuntimeError:
+            raise ConfigError(f"device: {cfg.device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
         if cfg.mode == "test" and not cfg.load:
             raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")
         if cfg.load and not Path(cfg.load).is_file():
@@ -124,7 +131,6 @@ class Runner:
     def _make_venv(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None):
         runner = self.cfg.runner
         if vectorize is not None:
-            from dataclasses import replace
             runner = replace(runner, vectorize=vectorize)
         return make_env_vector(self.cfg.env, runner, num_envs, render)
 
@@ -347,7 +353,7 @@ class Runner:
         for g, s in summary.items():
             print(f"  {g:<16} return {s['mean']:9.3f} ± {s['std']:.3f}")
         if render:
-            video = _write_video(self.run_dir, [f for f in frames if f is not None], rc.video_fps)
+            video = write_video(self.run_dir, [f for f in frames if f is not None], rc.video_fps)
             print(f"  video: {video}" if video else "  (the env rendered no frames)")
         return result
 
@@ -358,53 +364,3 @@ class Runner:
         if self.logger is not None:
             self.logger.close()
             self.logger = None
-
-
-def write_benchmark_report(cfg: RunConfig, result: RunResult) -> None:
-    """``benchmark.json``, ``learning_curve.png`` and a summary table on stdout."""
-    evals = result.evaluations
-    best = max(evals, key=lambda r: r["score"]) if evals else None
-    report = {"agent": cfg.agent, "env": cfg.env_name, "seed": cfg.seed, "steps": result.steps,
-              "env_steps_per_s": result.metrics.get("perf/env_steps_per_s_overall"),
-              "wall_time_s": result.metrics.get("perf/wall_time_s"),
-              "best": best, "final": evals[-1] if evals else None, "evaluations": evals,
-              "best_checkpoint": str(result.run_dir / "best.pt")}
-    (result.run_dir / "benchmark.json").write_text(json.dumps(report, indent=2))
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for g in (evals[0]["mean"] if evals else {}):
-        steps = np.array([r["step"] for r in evals])
-        mean = np.array([r["mean"][g] for r in evals])
-        std = np.array([r["std"][g] for r in evals])
-        ax.plot(steps, mean, label=g)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("eval return (mean over agents)")
-    ax.set_title(f"{cfg.agent} on {Path(cfg.env_name).stem}, seed {cfg.seed}")
-    ax.grid(alpha=0.3)
-    if evals:
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(result.run_dir / "learning_curve.png", dpi=100)
-    plt.close(fig)
-    print(f"\nbenchmark: {cfg.agent} on {Path(cfg.env_name).stem}, {result.steps} env steps, "
-          f"{report['env_steps_per_s'] or 0:.0f} env-steps/s")
-    print(f"  {'group':<16}{'final':>12}{'best':>12}{'best @ step':>14}")
-    for g in (best["mean"] if best else {}):
-        print(f"  {g:<16}{evals[-1]['mean'][g]:>12.3f}{best['mean'][g]:>12.3f}{best['step']:>14}")
-    print(f"  report: {result.run_dir / 'benchmark.json'}")
-
-
-def _write_video(run_dir: Path, frames: list, fps: int) -> Path | None:
-    if not frames:
-        return None
-    import imageio.v2 as imageio
-    try:
-        path = run_dir / "episode.mp4"
-        imageio.mimsave(path, frames, fps=fps)
-    except Exception:  # no ffmpeg plugin: a gif needs nothing extra
-        path = run_dir / "episode.gif"
-        imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
-    return path
