@@ -92,3 +92,14 @@ def test_nan_guard_stops_and_keeps_last_good_checkpoint(env_yaml, tiny):
     assert pickle.loads(state["runner"])["steps"] == 40
     for name, tensor in state["groups"]["agents"]["modules"].items():
         assert torch.isfinite(tensor.float()).all(), name
+
+
+def test_load_starts_training_from_a_checkpoint(tiny):
+    first = _run(tiny, **{"runner.total_steps": 100})
+    weights = torch.load(first.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    # zero learning rate: the loaded weights must come through training untouched
+    second = _run(tiny, load=str(first.run_dir / "latest.pt"), **{"runner.total_steps": 100, "agents.MAPPO.lr": 0.0})
+    after = torch.load(second.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name, tensor in weights.items():
+        if "value_norm" not in name:
+            torch.testing.assert_close(after[name], tensor, rtol=0, atol=0, msg=name)

@@ -167,3 +167,13 @@ def test_no_process_survives_the_parent(tmp_path, how):
         proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
     assert _wait_gone(workers + children) == []
+
+
+def test_training_with_subprocess_workers_leaves_no_process(tiny):
+    import multiprocessing
+
+    import marlkit
+    run = marlkit.run(agent="IPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "subprocess", "runner.workers": 2,
+                                                         "runner.parallels": 4, "runner.total_steps": 200})
+    assert run.steps == 200 and np.isfinite(run.metrics["agents/policy_loss"])
+    assert multiprocessing.active_children() == []

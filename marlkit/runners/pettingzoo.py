@@ -112,16 +112,19 @@ class Runner:
                     else self.cfg.agent) for g in groups}
 
     def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
+        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``."""
         names = self._group_agent_names(spec.groups)
+        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load else None
         agents = {}
         for i, (g, gs) in enumerate(spec.groups.items()):
             cls = get_agent(names[g])
             agents[g] = cls(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs, self.cfg.runner.horizon,
                             seed=self.cfg.seed * 1000 + i, device=self.cfg.device)
-            frozen = self.cfg.groups.get(g)
-            if frozen is not None and frozen.load:
-                state = load_checkpoint(frozen.load, self.cfg.env_name, {g: names[g]})
-                agents[g].load_state_dict(state["groups"][g], weights_only=True)
+            group_cfg = self.cfg.groups.get(g)
+            ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
+                if group_cfg is not None and group_cfg.load else run_ckpt
+            if ckpt is not None:
+                agents[g].load_state_dict(ckpt["groups"][g], weights_only=True)
         return agents
 
     def _learning(self, g: str) -> bool:
@@ -333,9 +336,6 @@ class Runner:
                 self.venv = self._make_venv(1 if render else min(rc.eval_parallels, rc.test_episodes),
                                             render=render, vectorize="sync")
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
-                ckpt = load_checkpoint(cfg.load, cfg.env_name, self._group_agent_names(self.venv.spec.groups))
-                for g, agent in self.agents.items():
-                    agent.load_state_dict(ckpt["groups"][g], weights_only=True)
                 frames: list = []
                 on_frame = (lambda: frames.append(self.venv.render(0))) if render else None
                 episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
