@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_set(args.set)
         overrides.update(top)
         cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, **overrides)
-        run_config(cfg)
+        result = run_config(cfg)
+        print(f"run directory: {result.run_dir}")
     except (ConfigError, KeyError, FileNotFoundError) as exc:
         print(f"marlkit: error: {exc}", file=sys.stderr)
         return 2

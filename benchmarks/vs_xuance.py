@@ -1,0 +1,251 @@
+"""Training throughput (env-steps/s) of marlkit's MAPPO vs XuanCe 1.4.4's MAPPO on MPE simple_spread_v3,
+each with its own default config for that task, measured alternately in one invocation so both see the
+same machine load.
+
+    .venv/bin/python benchmarks/vs_xuance.py [--steps 100000] [--repeats 1] [--skip-install]
+                                             [--xuance-threads N]
+
+XuanCe runs in its own virtual environment, benchmarks/.xuance-venv, which this script creates on first
+use (python3.11 -m venv; the local CPU build of torch 2.13.0 first, then xuance 1.4.4 with numpy<2 and
+pettingzoo 1.24.4, whose pettingzoo.mpe provides XuanCe's MPE envs; torch stays pinned throughout).
+--skip-install uses that venv as it is.
+
+What is measured, per repeat and side, is env steps (vector steps x parallel envs) divided by the wall
+time of the training loop alone, i.e. without imports, env or worker start-up, or the final model save:
+- XuanCe: `get_runner(algo="mappo", env="mpe", env_id="simple_spread_v3")` with its default YAML
+  (configs/mappo/mpe/simple_spread_v3.yaml), only `running_steps` set to --steps, device cpu, no
+  rendering and its tensorboard logs in a temp dir; the timed call is `agent.train(running_steps //
+  parallels)`, exactly what its runner's train mode does, run in a helper subprocess in that venv.
+- marlkit: `marlkit.run(agent="MAPPO", env="mpe_spread")` with `runner.total_steps` set to --steps and
+  no logger; its own `perf/env_steps_per_s_overall` metric times the same loop (which ends with one
+  small checkpoint write).
+The two defaults differ in more than the code (XuanCe: continuous actions, 16 subprocess envs, 1 epoch,
+torch's default thread count; marlkit: discrete actions, 16 in-process envs, 10 epochs, 1 torch thread);
+--xuance-threads N sets XuanCe's torch threads, which on a busy machine changes its throughput a lot.
+The JSON records these config facts beside the samples, the medians, the ratio marlkit / xuance and the
+final training return of each side (mean over agents, last 100 training episodes). Results go to
+benchmarks/results/vs_xuance.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+import marlkit
+from marlkit.api import build_config
+
+XUANCE_VERSION = "1.4.4"
+TORCH_PIN = "torch==2.13.0"
+HERE = Path(__file__).resolve().parent
+VENV = HERE / ".xuance-venv"
+VENV_PY = VENV / "bin" / "python"
+INSTALLED_MARKER = VENV / f".installed-xuance-{XUANCE_VERSION}"
+
+# Run with the XuanCe venv's python as `helper.py STEPS WORKDIR OUT_JSON [TORCH_THREADS]`; writes its
+# measurement to OUT_JSON. Without TORCH_THREADS, torch keeps its own default thread count, as XuanCe does.
+XUANCE_HELPER = '''
+import json
+import sys
+import time
+from argparse import Namespace
+
+import numpy as np
+import torch
+import xuance
+from xuance.common import MultiAgentBaseCallback
+
+
+class EpisodeReturns(MultiAgentBaseCallback):
+    """Collects each finished training episode's return, averaged over the agents."""
+
+    def __init__(self):
+        super().__init__()
+        self.returns = []
+
+    def on_train_episode_info(self, **kwargs):
+        scores = kwargs["infos"][kwargs["env_id"]]["episode_score"]
+        self.returns.append(float(np.mean(list(scores.values()))))
+
+
+def main():
+    steps, workdir, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    if len(sys.argv) > 4:
+        torch.set_num_threads(int(sys.argv[4]))
+    overrides = Namespace(running_steps=steps, device="cpu", render=False, render_mode=None,
+                          log_dir=f"{workdir}/logs", model_dir=f"{workdir}/models")
+    runner = xuance.get_runner(algo="mappo", env="mpe", env_id="simple_spread_v3", parser_args=overrides)
+    cfg, agent = runner.config, runner.agent
+    agent.callback = returns = EpisodeReturns()
+    vector_steps = max(1, cfg.running_steps // runner.n_envs)
+    start_step = agent.current_step
+    start = time.perf_counter()
+    agent.train(vector_steps)
+    elapsed = time.perf_counter() - start
+    env_steps = agent.current_step - start_step
+    agent.finish()
+    runner.envs.close()
+    recent = returns.returns[-100:]
+    json.dump({
+        "env_steps": int(env_steps), "train_seconds": elapsed, "env_steps_per_s": env_steps / elapsed,
+        "final_train_return": float(np.mean(recent)) if recent else None,
+        "config": {
+            "parallels": runner.n_envs, "vectorize": cfg.vectorize, "continuous_action": cfg.continuous_action,
+            "buffer_size": cfg.buffer_size, "rollout_steps_per_env": cfg.buffer_size // runner.n_envs,
+            "n_epochs": cfg.n_epochs, "n_minibatch": cfg.n_minibatch, "learning_rate": cfg.learning_rate,
+            "gamma": cfg.gamma, "representation_hidden_size": cfg.representation_hidden_size,
+            "actor_hidden_size": cfg.actor_hidden_size, "critic_hidden_size": cfg.critic_hidden_size,
+            "use_parameter_sharing": cfg.use_parameter_sharing, "logger": cfg.logger,
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+        },
+    }, open(out, "w"))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+def _run_step(name: str, cmd: list[str], log: Path) -> None:
+    print(f"xuance venv: {name} ...", flush=True)
+    with log.open("a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
+        raise SetupError(
+            f"setting up XuanCe failed at step '{name}' (exit {done.returncode}).\n"
+            f"Command: {' '.join(cmd)}\nLast lines of {log}:\n{tail}\n"
+            f"To retry from scratch: rm -rf {VENV} && {sys.executable} {' '.join(sys.argv)}")
+
+
+def ensure_xuance_venv() -> None:
+    """Create benchmarks/.xuance-venv with XuanCe and its MPE dependencies, unless already complete."""
+    if INSTALLED_MARKER.is_file():
+        return
+    python311 = shutil.which("python3.11")
+    if python311 is None:
+        raise SetupError("python3.11 is needed to create the XuanCe venv but is not on PATH")
+    log = HERE / "results" / "xuance-install.log.tmp"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("")
+    pip = [str(VENV_PY), "-m", "pip", "install", "--quiet"]
+    with tempfile.TemporaryDirectory() as tmp:
+        constraints = Path(tmp) / "constraints.txt"
+        constraints.write_text(TORCH_PIN + "\n")
+        if not VENV_PY.is_file():
+            _run_step("create the venv", [python311, "-m", "venv", str(VENV)], log)
+        _run_step(f"install {TORCH_PIN} (CPU build)", pip + [TORCH_PIN], log)
+        _run_step(f"install xuance=={XUANCE_VERSION}",
+                  pip + ["-c", str(constraints), f"xuance=={XUANCE_VERSION}", "numpy<2", "pettingzoo==1.24.4"], log)
+        _run_step("check that xuance and pettingzoo.mpe import",
+                  [str(VENV_PY), "-c", "import xuance, pettingzoo.mpe.simple_spread_v3"], log)
+    INSTALLED_MARKER.touch()
+    log.unlink()
+
+
+def measure_xuance(steps: int, helper: Path, threads: int | None) -> dict:
+    with tempfile.TemporaryDirectory() as workdir:
+        out = Path(workdir) / "result.json"
+        cmd = [str(VENV_PY), str(helper), str(steps), workdir, str(out)] + ([str(threads)] if threads else [])
+        done = subprocess.run(cmd, cwd=workdir,
+                              env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
+            raise RuntimeError(f"the XuanCe run failed (exit {done.returncode}):\n{tail}")
+        return json.loads(out.read_text())
+
+
+def measure_marlkit(steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as root:
+        result = marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **{
+            "runner.total_steps": steps, "runner.progress": False, "runner.run_root": root,
+            "runner.save_interval": 10 ** 9})
+    returns = [v for k, v in result.metrics.items() if k.endswith("/episode_return")]
+    return {"env_steps": result.steps, "train_seconds": result.metrics["perf/wall_time_s"],
+            "env_steps_per_s": result.metrics["perf/env_steps_per_s_overall"],
+            "final_train_return": statistics.mean(returns) if returns else None}
+
+
+def marlkit_config_facts() -> dict:
+    cfg = build_config("MAPPO", "mpe_spread")
+    agent = cfg.agent_config("MAPPO")
+    return {"parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize,
+            "continuous_actions": cfg.env.kwargs.get("continuous_actions"),
+            "rollout_steps_per_env": cfg.runner.horizon, "epochs": agent.epochs, "minibatches": agent.minibatches,
+            "lr": agent.lr, "gamma": agent.gamma, "actor_hidden_sizes": agent.actor.hidden_sizes,
+            "critic_hidden_sizes": agent.critic.hidden_sizes, "torch_threads": cfg.runner.torch_threads,
+            "torch": torch.__version__}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100_000, help="env steps per training run")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating xuance / marlkit")
+    parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.xuance-venv as it is")
+    parser.add_argument("--xuance-threads", type=int, default=None,
+                        help="torch threads for XuanCe (default: torch's own, as XuanCe leaves it; marlkit uses "
+                             "its runner.torch_threads, 1)")
+    parser.add_argument("--out", default=str(HERE / "results" / "vs_xuance.json"))
+    args = parser.parse_args()
+
+    if args.skip_install:
+        if not VENV_PY.is_file():
+            sys.exit(f"--skip-install: {VENV} has no python; run once without --skip-install to create it")
+    else:
+        try:
+            ensure_xuance_venv()
+        except SetupError as exc:
+            sys.exit(str(exc))
+
+    runs: dict[str, list[dict]] = {"xuance": [], "marlkit": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        helper = Path(tmp) / "xuance_mappo_mpe.py"
+        helper.write_text(XUANCE_HELPER)
+        for r in range(args.repeats):
+            runs["xuance"].append(measure_xuance(args.steps, helper, args.xuance_threads))
+            runs["marlkit"].append(measure_marlkit(args.steps))
+            print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
+                f"{side} {rs[-1]['env_steps_per_s']:.0f} env-steps/s" for side, rs in runs.items()), flush=True)
+
+    med = {side: statistics.median(run["env_steps_per_s"] for run in rs) for side, rs in runs.items()}
+    final_return = {side: rs[-1]["final_train_return"] for side, rs in runs.items()}
+    ratio = med["marlkit"] / med["xuance"]
+    report = {
+        "task": "MAPPO on MPE simple_spread_v3 (N=3, 25 steps), each library's default config",
+        "xuance_version": XUANCE_VERSION, "marlkit_version": getattr(marlkit, "__version__", None),
+        "steps_per_measurement": args.steps, "repeats": args.repeats,
+        "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts()},
+        "samples_env_steps_per_s": {side: [run["env_steps_per_s"] for run in rs] for side, rs in runs.items()},
+        "env_steps_done": {side: [run["env_steps"] for run in rs] for side, rs in runs.items()},
+        "median_env_steps_per_s": med, "marlkit_over_xuance": ratio,
+        "final_train_return_last_run": final_return,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2))
+
+    def fmt_return(value):
+        return "n/a" if value is None else f"{value:.2f}"
+    print(f"\n{'MAPPO, simple_spread_v3':<28}{'env-steps/s (median)':>22}{'final train return':>20}")
+    for side, label in (("xuance", f"XuanCe {XUANCE_VERSION}"), ("marlkit", "marlkit")):
+        print(f"{label:<28}{med[side]:>22.0f}{fmt_return(final_return[side]):>20}")
+    print(f"marlkit / xuance = {ratio:.2f}   ({args.steps} env steps x {args.repeats} per side; {args.out})")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
