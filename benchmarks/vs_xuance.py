@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -95,7 +96,7 @@ def main():
     agent.finish()
     runner.envs.close()
     recent = returns.returns[-100:]
-    json.dump({
+    result = {
         "env_steps": int(env_steps), "train_seconds": elapsed, "env_steps_per_s": env_steps / elapsed,
         "final_train_return": float(np.mean(recent)) if recent else None,
         "config": {
@@ -107,7 +108,9 @@ def main():
             "use_parameter_sharing": cfg.use_parameter_sharing, "logger": cfg.logger,
             "torch_threads": torch.get_num_threads(), "torch": torch.__version__,
         },
-    }, open(out, "w"))
+    }
+    with open(out, "w") as f:
+        json.dump(result, f)
 
 
 if __name__ == "__main__":
@@ -122,15 +125,16 @@ class SetupError(RuntimeError):
 def _run_step(name: str, cmd: list[str], log: Path) -> None:
     print(f"xuance venv: {name} ...", flush=True)
     with log.open("a") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.write(f"\n$ {shlex.join(cmd)}\n")
         f.flush()
         done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-15:])
         raise SetupError(
             f"setting up XuanCe failed at step '{name}' (exit {done.returncode}).\n"
-            f"Command: {' '.join(cmd)}\nLast lines of {log}:\n{tail}\n"
-            f"To retry from scratch: rm -rf {VENV} && {sys.executable} {' '.join(sys.argv)}")
+            f"Command: {shlex.join(cmd)}\nLast lines of {log}:\n{tail}\n"
+            f"Fix the cause and rerun the same command, which resumes the set-up; to start over: "
+            f"rm -rf {VENV} && {shlex.join([sys.executable, *sys.argv])}")
 
 
 def ensure_xuance_venv() -> None:
@@ -227,7 +231,7 @@ def main() -> None:
     ratio = med["marlkit"] / med["xuance"]
     report = {
         "task": "MAPPO on MPE simple_spread_v3 (N=3, 25 steps), each library's default config",
-        "xuance_version": XUANCE_VERSION, "marlkit_version": getattr(marlkit, "__version__", None),
+        "xuance_version": XUANCE_VERSION, "marlkit_version": marlkit.__version__,
         "steps_per_measurement": args.steps, "repeats": args.repeats,
         "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts()},
         "samples_env_steps_per_s": {side: [run["env_steps_per_s"] for run in rs] for side, rs in runs.items()},

@@ -105,6 +105,16 @@ class RolloutBuffer:
         return np.concatenate([first[None], self.episode_end[:-1]], 0)
 
 
+def last_present_value(value: np.ndarray, agent_mask: np.ndarray) -> np.ndarray:
+    """``[E, A]``: each slot's value at its last present step of the rollout (0 if never present).
+    The neutral bootstrap for an agent that is absent right after the rollout, e.g. between two of
+    its decisions: nothing is known about its future, so assume it stays where it was."""
+    T = value.shape[0]
+    last_t = np.where(agent_mask.any(0), T - 1 - np.argmax(agent_mask[::-1], axis=0), -1)
+    picked = np.take_along_axis(value, np.maximum(last_t, 0)[None], 0)[0]
+    return np.where(last_t >= 0, picked, 0.0).astype(np.float32)
+
+
 def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                 episode_end: np.ndarray, agent_mask: np.ndarray, truncation_value: np.ndarray,
                 last_value: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:

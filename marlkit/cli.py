@@ -13,13 +13,16 @@ from typing import Optional
 from argparse_dataclass import ArgumentParser
 
 from marlkit.config import ConfigError, available_envs
-from marlkit.registry import REGISTRY, _load_builtins
+from marlkit.agents.base import CheckpointMismatchError, TrainingDivergedError
+from marlkit.envs.core import EnvAPIError, EnvWorkerError
+from marlkit.registry import REGISTRY, UnknownNameError, _load_builtins
 
 
 @dataclass
 class CLIArgs:
-    agent: str = field(default="MAPPO", metadata={"help": "registered agent name (see --list)"})
-    env: str = field(default="mpe_spread", metadata={"help": "packaged env name or path of an env YAML"})
+    agent: Optional[str] = field(default=None, metadata={"help": "registered agent name (default MAPPO; see --list)"})
+    env: Optional[str] = field(default=None, metadata={"help": "packaged env name or path of an env YAML "
+                                                               "(default mpe_spread)"})
     test: bool = field(default=False, metadata={"help": "evaluate the checkpoint given by --load"})
     benchmark: bool = field(default=False, metadata={"help": "train with periodic evaluation, keep best.pt, "
                                                              "write benchmark.json and learning_curve.png"})
@@ -96,9 +99,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, **overrides)
         result = run_config(cfg)
         print(f"run directory: {result.run_dir}")
-    except (ConfigError, KeyError, FileNotFoundError) as exc:
+    except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
         print(f"marlkit: error: {exc}", file=sys.stderr)
         return 2
+    except (EnvAPIError, EnvWorkerError, TrainingDivergedError) as exc:
+        print(f"marlkit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("marlkit: interrupted; envs closed, latest.pt holds the last saved state", file=sys.stderr)
         return 130

@@ -60,7 +60,7 @@ class OnPolicyConfig:
     value_norm: bool = True
     advantage_norm: bool = True
     use_agent_id: bool = True
-    chunk_length: int = field(default=10, metadata=_range(1))
+    chunk_length: Optional[int] = field(default=None, metadata=_range(1))
     log_std_init: float = -0.5
     actor: ModelConfig = field(default_factory=ModelConfig)
     critic: ModelConfig = field(default_factory=ModelConfig)
@@ -91,12 +91,13 @@ class RunnerConfig:
     eval_parallels: int = field(default=8, metadata=_range(1))
     eval_deterministic: bool = False
     test_episodes: int = field(default=10, metadata=_range(1))
+    episode_step_limit: int = field(default=100_000, metadata=_range(1))
     save_interval: int = field(default=50_000, metadata=_range(1))
     log_interval: int = field(default=5_000, metadata=_range(1))
     torch_threads: Optional[int] = field(default=1, metadata=_range(1))
     run_root: str = "runs"
     progress: bool = True
-    video_fps: int = field(default=10, metadata=_range(1))
+    video_fps: Optional[int] = field(default=None, metadata=_range(1))
 
 
 @dataclass
@@ -126,9 +127,6 @@ class RunConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     agents: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, GroupConfig] = field(default_factory=dict)
-
-    def agent_config(self, name: str):
-        return self.agents[name]
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -220,6 +218,8 @@ def _coerce(value: Any, tp, key: str) -> Any:
 def build(cls, data: dict | None, prefix: str = ""):
     """Build dataclass ``cls`` from a (possibly partial) mapping, validating every key."""
     data = data or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of {cls.__name__} settings, got {data!r}")
     hints = typing.get_type_hints(cls)
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -292,6 +292,16 @@ def env_yaml_path(env: str) -> Path:
     return path
 
 
+def nest(key: str, value) -> dict:
+    """``"runner.parallels", 8`` -> ``{"runner": {"parallels": 8}}``."""
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"{key!r}: empty part in a dotted key")
+    for part in reversed(parts):
+        value = {part: value}
+    return value
+
+
 def parse_set(items: list[str]) -> dict:
     """``["runner.parallels=8", "agents.MAPPO.lr=3e-4"]`` -> nested dict, values parsed as YAML."""
     out: dict = {}
@@ -299,15 +309,10 @@ def parse_set(items: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set runner.parallels=8")
         key, raw = item.split("=", 1)
-        parts = key.strip().split(".")
-        if not all(parts):
-            raise ConfigError(f"--set {item!r}: empty part in key {key!r}")
-        node = out
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} was already given a plain value")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+        try:
+            out = deep_merge(out, nest(key, yaml.safe_load(raw) if raw.strip() else None))
+        except ConfigError as exc:
+            raise ConfigError(f"--set {item!r}: {exc}") from None
     return out
 
 
@@ -351,7 +356,11 @@ def from_dict(data: dict) -> RunConfig:
             agent_cls = get_agent(name)
         except KeyError as exc:
             raise ConfigError(str(exc)) from None
-        cfg.agents[name] = build(agent_cls.config_cls, agents_section.get(name), f"agents.{name}")
+        section = agents_section.get(name)
+        if section is not None and not isinstance(section, dict):
+            raise ConfigError(f"agents.{name}: expected a mapping of {name} settings, got {section!r}")
+        cfg.agents[name] = build(agent_cls.config_cls, section, f"agents.{name}")
+        agent_cls.check_config(cfg.agents[name], cfg.runner, f"agents.{name}")
     return cfg
 
 

@@ -65,7 +65,8 @@ def test_gru_policy_trains_on_chunks_and_resets_hidden_state(tiny):
     run = marlkit.run(agent="MAPPO", env="mpe_spread", **overrides)
     assert np.isfinite(run.metrics["agents/value_loss"])
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
-    cfg = build_config("MAPPO", "mpe_spread", **{k: v for k, v in overrides.items() if k.startswith("agents.")})
+    cfg = build_config("MAPPO", "mpe_spread", **{k: v for k, v in overrides.items()
+                                                 if k.startswith("agents.") or k == "runner.horizon"})
     agent = get_agent("MAPPO")(env.groups["agents"], env.spec.state_shape, cfg.agents["MAPPO"], 1, 50)
     assert agent.recurrent and agent.chunk_length == 10
     gru = agent.modules["actor"]
@@ -81,11 +82,27 @@ def test_gru_policy_trains_on_chunks_and_resets_hidden_state(tiny):
     assert not torch.allclose(seq[:2], other[:2])
 
 
-def test_chunk_length_must_divide_horizon(tiny):
+@pytest.mark.parametrize("overrides,message", [
+    ({"agents.MAPPO.actor.name": "gru", "agents.MAPPO.chunk_length": 7},
+     "agents.MAPPO.chunk_length=7 must divide runner.horizon=25"),
+    ({"agents.MAPPO.actor.name": "grux"}, "agents.MAPPO.actor.name: unknown model 'grux' (did you mean 'gru'?)"),
+    ({"agents.MAPPO.actor.name": "gru", "agents.MAPPO.critic.name": "gru", "agents.MAPPO.critic.rnn_hidden": 32},
+     "agents.MAPPO: a recurrent actor and critic need the same rnn_hidden, got actor.rnn_hidden=64 and "
+     "critic.rnn_hidden=32"),
+    ({"agents.MAPPO": 5}, "agents.MAPPO: expected a mapping of MAPPO settings, got 5"),
+])
+def test_agent_settings_that_cannot_work_fail_before_any_env(overrides, message):
     from marlkit.config import ConfigError
-    with pytest.raises(ConfigError, match="chunk_length=7 must divide runner.horizon=25"):
-        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.horizon": 25, "agents.MAPPO.actor.name": "gru",
-                                                        "agents.MAPPO.chunk_length": 7})
+    with pytest.raises(ConfigError) as err:
+        build_config("MAPPO", "mpe_spread", **overrides)
+    assert message in str(err.value)
+
+
+def test_gru_default_chunk_is_the_whole_rollout():
+    cfg = build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.actor.name": "gru"})
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    agent = get_agent("MAPPO")(env.groups["agents"], env.spec.state_shape, cfg.agents["MAPPO"], 1, 25)
+    assert agent.chunk_length == 25
 
 
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])

@@ -99,6 +99,27 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, args, message):
     assert not list(tmp_path.rglob("*.pt"))
 
 
+def test_mismatched_checkpoint_and_resume_flags_are_clean_errors(tmp_path):
+    root = tmp_path / "runs"
+    assert cli("--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY).returncode == 0
+    [run] = only_run_dir(root)
+    out = cli("--agent", "IPPO", "--test", "--load", str(run / "latest.pt"), "--set", f"runner.run_root={root}", *TINY)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "group 'agents' was trained by agent 'MAPPO', but this run uses 'IPPO' (pass --agent MAPPO)" in out.stderr
+    out = cli("--agent", "IPPO", "--resume", str(run))
+    assert out.returncode == 2 and "that run used agent 'MAPPO', not 'IPPO'" in out.stderr
+    out = cli("--resume", str(run), "--config", str(run / "config.yaml"))
+    assert out.returncode == 2 and "change settings with --set, not --config" in out.stderr
+
+
+def test_endless_episodes_in_evaluation_are_an_error_not_a_hang(tmp_path, env_yaml):
+    path = env_yaml("toy_envs:scripted", {"length": 10 ** 9})
+    out = cli("--env", path, "--benchmark", "--set", f"runner.run_root={tmp_path}", "runner.total_steps=50",
+              "runner.episode_step_limit=30", *TINY, timeout=120)
+    assert out.returncode == 1
+    assert "0 of 4 episodes ended within 60 steps per env" in out.stderr and "env.max_episode_steps" in out.stderr
+
+
 def test_test_and_benchmark_together_is_refused():
     out = cli("--test", "--benchmark")
     assert out.returncode == 2 and "choose one of --test and --benchmark" in out.stderr

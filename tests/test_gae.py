@@ -99,3 +99,11 @@ def test_edge_discounts(gamma):
     z = np.zeros((3, 1, 1), bool)
     adv, _ = compute_gae(reward, value, z, z, np.zeros((3, 1), bool), ~z, value, np.zeros((1, 1), np.float32), gamma, 1.0)
     assert adv.ravel().tolist() == ([1.0, 1.0, 1.0] if gamma == 0.0 else [3.0, 2.0, 1.0])
+
+
+def test_bootstrap_of_slots_absent_after_the_rollout():
+    from marlkit.buffers import last_present_value
+    value = np.arange(12, dtype=np.float32).reshape(4, 1, 3)
+    mask = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 0]], bool).reshape(4, 1, 3)
+    # slot 0 last present at t=1 (value 3), slot 1 at t=2 (value 7), slot 2 never (0)
+    np.testing.assert_array_equal(last_present_value(value, mask), [[3.0, 7.0, 0.0]])

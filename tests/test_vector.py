@@ -177,3 +177,28 @@ def test_training_with_subprocess_workers_leaves_no_process(tiny):
                                                          "runner.parallels": 4, "runner.total_steps": 200})
     assert run.steps == 200 and np.isfinite(run.metrics["agents/policy_loss"])
     assert multiprocessing.active_children() == []
+
+
+def test_hung_worker_is_terminated_and_its_env_children_closed(tmp_path):
+    """terminate() sends SIGTERM: the worker unwinds and closes its env, which ends the game process."""
+    pid_file = tmp_path / "pids"
+    builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:child_process",
+                                           kwargs={"pid_file": str(pid_file), "hang_at": 1}))
+    venv = SubprocVectorEnv([functools.partial(builder, i) for i in range(2)], num_workers=2, timeout=2)
+    venv.reset(seed=0)
+    children = [int(x) for x in pid_file.read_text().split()]
+    with pytest.raises(EnvWorkerError, match="did not answer within 2 s"):
+        venv.step({"agents": np.zeros((2, 3), np.int64)})
+    assert _wait_gone(children + [p.pid for p in venv.procs]) == []
+
+
+def test_resume_with_another_worker_count_is_exact(tiny):
+    import marlkit
+    common = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300}
+    full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{**common, "runner.total_steps": 600})
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{**common, "runner.total_steps": 300,
+                                                                   "runner.vectorize": "subprocess",
+                                                                   "runner.workers": 2})
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.workers": 3})
+    assert resumed.episode_returns == full.episode_returns
+    assert resumed.metrics["agents/policy_loss"] == full.metrics["agents/policy_loss"]

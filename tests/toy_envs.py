@@ -206,13 +206,21 @@ def crashing(**kwargs):
 
 
 class ChildProcessEnv(ScriptedEnv):
-    """Starts a child process of its own (as a game engine does) and writes its pid to ``pid_file``."""
+    """Starts a child process of its own (as a game engine does) and writes its pid to ``pid_file``;
+    with ``hang_at`` it stops answering at that step."""
 
-    def __init__(self, pid_file, **kwargs):
+    def __init__(self, pid_file, hang_at=None, **kwargs):
         super().__init__(**kwargs)
+        self.hang_at, self.steps = hang_at, 0
         self.child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(pid_file, "a") as fh:
             fh.write(f"{self.child.pid}\n")
+
+    def step(self, actions):
+        self.steps += 1
+        if self.steps == self.hang_at:
+            time.sleep(3600)
+        return super().step(actions)
 
     def close(self):
         if self.child.poll() is None:

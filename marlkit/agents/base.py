@@ -10,17 +10,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from torch import nn
 
-from marlkit.buffers import RolloutBuffer, Transition, compute_gae, minibatches
+from marlkit.buffers import RolloutBuffer, Transition, compute_gae, last_present_value, minibatches
 from marlkit.config import ConfigError, OnPolicyConfig, to_plain
-from marlkit.envs.core import GroupSpec
 from marlkit.networks.normalization import ValueNorm
+from marlkit.registry import UnknownNameError, get_model
+from marlkit.spec import GroupSpec, action_layout
 
 CHECKPOINT_VERSION = 1
 
@@ -55,15 +54,6 @@ class Bootstrap:
     hidden: np.ndarray | None
 
 
-def action_layout(space: spaces.Space) -> tuple[tuple[int, ...], Any]:
-    """(per-agent action shape, dtype) as the runner passes actions around."""
-    if isinstance(space, spaces.Discrete):
-        return (), np.int64
-    if isinstance(space, spaces.MultiDiscrete):
-        return (len(space.nvec),), np.int64
-    return tuple(space.shape), np.float32
-
-
 class Agent:
     """Controls one group of agents in ``E`` envs. Subclass and ``@register_agent`` to add one."""
 
@@ -77,6 +67,11 @@ class Agent:
         self.num_envs, self.horizon, self.device = num_envs, horizon, device
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
+
+    @classmethod
+    def check_config(cls, cfg, runner, key: str) -> None:
+        """Reject settings that cannot work, before any env starts; ``key`` is where ``cfg`` sits
+        in the run config (``agents.MAPPO``), for the message."""
 
     def initial_hidden(self, num_envs: int) -> np.ndarray | None:
         return None
@@ -106,7 +101,7 @@ class Agent:
         torch.save(self.state_dict(), path)
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
-        self.load_state_dict(torch.load(path, weights_only=False), weights_only)
+        self.load_state_dict(torch.load(path, weights_only=False, map_location="cpu"), weights_only)
 
 
 def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:
@@ -125,7 +120,9 @@ def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum().clamp(min=1.0)
+    """Mean over present agents; ``where`` rather than a product, so NaN/inf in an absent slot
+    cannot leak in."""
+    return torch.where(mask.bool(), x, 0.0).sum() / mask.sum().clamp(min=1.0)
 
 
 class OnPolicyAgent(Agent):
@@ -149,15 +146,31 @@ class OnPolicyAgent(Agent):
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
         self.chunk_length = (cfg.chunk_length or horizon) if self.recurrent else 1
-        if horizon % self.chunk_length:
-            raise ConfigError(f"agents.{self.registered_name}.chunk_length={self.chunk_length} must divide "
-                              f"runner.horizon={horizon}")
         action_shape, action_dtype = action_layout(group.action_space)
         self.buffer = RolloutBuffer(horizon, num_envs, group.n_agents, group.obs_shape,
                                     group.observation_space.dtype or np.float32, self.state_shape, action_shape,
                                     action_dtype, group.n_actions,
                                     (2, self.hidden_size) if self.recurrent else None)
         self._episode_start = np.ones(num_envs, bool)
+
+    @classmethod
+    def check_config(cls, cfg: OnPolicyConfig, runner, key: str) -> None:
+        recurrent = []
+        for role in ("actor", "critic"):
+            model = getattr(cfg, role)
+            try:
+                model_cls = get_model(model.name)
+            except UnknownNameError as exc:
+                raise ConfigError(f"{key}.{role}.name: {exc}") from None
+            if model_cls.is_recurrent:
+                recurrent.append((role, model.rnn_hidden))
+        if recurrent:
+            chunk = cfg.chunk_length or runner.horizon
+            if runner.horizon % chunk:
+                raise ConfigError(f"{key}.chunk_length={chunk} must divide runner.horizon={runner.horizon}")
+        if len({size for _, size in recurrent}) > 1:
+            raise ConfigError(f"{key}: a recurrent actor and critic need the same rnn_hidden, got "
+                              + " and ".join(f"{role}.rnn_hidden={size}" for role, size in recurrent))
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -245,7 +258,8 @@ class OnPolicyAgent(Agent):
             flat_obs = buf.obs.reshape(T * E, *buf.obs.shape[2:])
             flat_state = buf.state.reshape(T * E, *buf.state.shape[2:])
             buf.value[:] = self._value_of(flat_obs, flat_state, None).reshape(T, E, -1)
-        last_value = self._value_of(bootstrap.obs, bootstrap.state, bootstrap.hidden)
+        last_value = np.where(bootstrap.agent_mask, self._value_of(bootstrap.obs, bootstrap.state, bootstrap.hidden),
+                              last_present_value(buf.value, buf.agent_mask))
         truncation_value = np.zeros_like(buf.value)
         if buf.finals:
             ts, es, fobs, fstate, fhidden = zip(*buf.finals)

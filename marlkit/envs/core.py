@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
+
+from marlkit.spec import EnvSpec, GroupSpec, action_layout  # noqa: F401  (part of the contract)
 
 
 class EnvAPIError(RuntimeError):
@@ -33,47 +34,6 @@ class EnvAPIError(RuntimeError):
 
 class EnvWorkerError(RuntimeError):
     """A vector-env worker died, hung or raised; the message names the env index."""
-
-
-@dataclass
-class GroupSpec:
-    name: str
-    agents: list[str]
-    observation_space: spaces.Space
-    action_space: spaces.Space
-
-    @property
-    def n_agents(self) -> int:
-        return len(self.agents)
-
-    @property
-    def obs_shape(self) -> tuple[int, ...]:
-        return tuple(self.observation_space.shape)
-
-    @property
-    def n_actions(self) -> int:
-        """Width of ``action_mask``: choices of a Discrete, sum of a MultiDiscrete's, 0 for Box."""
-        space = self.action_space
-        if isinstance(space, spaces.Discrete):
-            return int(space.n)
-        if isinstance(space, spaces.MultiDiscrete):
-            return int(np.sum(space.nvec))
-        return 0
-
-    def signature(self) -> dict:
-        """What a checkpoint must match to be loaded into this group."""
-        return {"agents": list(self.agents), "observation_space": repr(self.observation_space),
-                "action_space": repr(self.action_space)}
-
-
-@dataclass
-class EnvSpec:
-    groups: dict[str, GroupSpec]
-    state_shape: tuple[int, ...]
-    render_fps: int = 10
-
-    def signature(self) -> dict:
-        return {g: spec.signature() for g, spec in self.groups.items()}
 
 
 @dataclass

@@ -184,7 +184,7 @@ class PettingZooEnv(MultiAgentEnv):
         if isinstance(space, spaces.Box):
             return np.clip(action, space.low, space.high).astype(space.dtype)
         if isinstance(space, spaces.MultiDiscrete):
-            return np.asarray(action, dtype=np.int64)
+            return np.asarray(action, dtype=np.int64) + space.start
         return action
 
     # ------------------------------------------------------------------ contract

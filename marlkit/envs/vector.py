@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 from gymnasium.utils import EzPickle
 
-from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult,
+from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult, action_layout,
                                empty_observation, group_arrays)
 
 EnvFactory = Callable[[], MultiAgentEnv]
@@ -108,25 +108,22 @@ class _Arrays:
         for block in self.shm:
             try:
                 block.close()
-                if unlink:
-                    block.unlink()
-            except (FileNotFoundError, BufferError):
+            except BufferError:  # a view is still alive; unlinking below frees it at exit
                 pass
+            if unlink:
+                try:
+                    block.unlink()
+                except FileNotFoundError:
+                    pass
         self.shm = []
 
 
 def action_shapes(spec: EnvSpec) -> dict:
     """Per group: (``[A_g, *action_shape]``, dtype) of the actions the runner passes in."""
-    from gymnasium import spaces
     out = {}
     for g, gs in spec.groups.items():
-        space = gs.action_space
-        if isinstance(space, spaces.Discrete):
-            out[g] = ((gs.n_agents,), np.dtype(np.int64))
-        elif isinstance(space, spaces.MultiDiscrete):
-            out[g] = ((gs.n_agents, len(space.nvec)), np.dtype(np.int64))
-        else:
-            out[g] = ((gs.n_agents,) + tuple(space.shape), np.dtype(np.float32))
+        shape, dtype = action_layout(gs.action_space)
+        out[g] = ((gs.n_agents,) + shape, dtype)
     return out
 
 
@@ -233,10 +230,26 @@ class VectorEnv:
         raise NotImplementedError
 
     def get_state(self) -> bytes | None:
-        """Pickled envs + episode accumulators for an exact resume, or None if an env can't be pickled."""
-        raise NotImplementedError
+        """Every env (one blob each, in env order) and the episode accumulators, for an exact
+        resume; None when an env cannot be pickled. The same format for every vector env, so a
+        run may resume with another vectorisation or worker count."""
+        envs = self._env_states()
+        if any(blob is None for blob in envs):
+            return None
+        return pickle.dumps({"envs": envs, "stats": self.stats, "acting": self._acting})
 
     def set_state(self, blob: bytes) -> None:
+        state = pickle.loads(blob)
+        if len(state["envs"]) != self.num_envs:
+            raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has {self.num_envs}; "
+                             "resume with the same runner.parallels")
+        self._load_env_states(state["envs"])
+        self.stats, self._acting = state["stats"], state["acting"]
+
+    def _env_states(self) -> list[bytes | None]:
+        raise NotImplementedError
+
+    def _load_env_states(self, blobs: list[bytes]) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -252,7 +265,13 @@ class SyncVectorEnv(VectorEnv):
 
     def __init__(self, env_fns: list[EnvFactory]):
         super().__init__()
-        self.envs = [fn() for fn in env_fns]
+        self.envs = []
+        try:
+            for fn in env_fns:
+                self.envs.append(fn())
+        except BaseException:
+            self.close()
+            raise
         self.spec = self.envs[0].spec
         self.num_envs = len(self.envs)
         self.arrays = _Arrays(self.spec, self.num_envs, action_shapes(self.spec))
@@ -271,13 +290,13 @@ class SyncVectorEnv(VectorEnv):
     def render(self, index: int = 0):
         return self.envs[index].render()
 
-    def get_state(self) -> bytes | None:
-        return dumps_state((self.envs, self.stats, self._acting))
+    def _env_states(self) -> list[bytes | None]:
+        return [dumps_state(env) for env in self.envs]
 
-    def set_state(self, blob: bytes) -> None:
+    def _load_env_states(self, blobs: list[bytes]) -> None:
         for env in self.envs:
             env.close()
-        self.envs, self.stats, self._acting = pickle.loads(blob)
+        self.envs = [pickle.loads(blob) for blob in blobs]
 
     def close(self) -> None:
         for env in self.envs:
@@ -313,9 +332,16 @@ class _Current:
         return None if self.shared.value < 0 else int(self.shared.value)
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
     # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
+    # SIGTERM (the parent's terminate(), or a kill of the process group) unwinds, so that the envs
+    # below are closed and the game processes they started go with them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     envs: list = []
     arrays = None
     busy = _Current(busy)
@@ -354,15 +380,15 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
                 conn.send(("ok", envs[indices.index(arg)].render()))
                 busy.set(None)
             elif cmd == "get_state":
-                conn.send(("ok", dumps_state(envs)))
+                conn.send(("ok", [dumps_state(env) for env in envs]))
             elif cmd == "set_state":
                 for env in envs:
                     env.close()
-                envs = pickle.loads(arg)
+                envs = [pickle.loads(blob) for blob in arg]
                 conn.send(("ok", None))
             elif cmd == "close":
                 break
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit):
         pass
     except BaseException as exc:
         try:
@@ -494,16 +520,17 @@ class SubprocVectorEnv(VectorEnv):
         self.conns[w].send(("render", index))
         return self._gather([w], "rendering")[0]
 
-    def get_state(self) -> bytes | None:
+    def _env_states(self) -> list[bytes | None]:
         self._broadcast("get_state")
-        blobs = self._gather(range(len(self.conns)), "saving env state")
-        if any(b is None for b in blobs):
-            return None
-        return pickle.dumps((blobs, self.stats, self._acting))
+        per_worker = self._gather(range(len(self.conns)), "saving env state")
+        blobs: list[bytes | None] = [None] * self.num_envs
+        for idx, worker_blobs in zip(self.indices, per_worker):
+            for i, blob in zip(idx, worker_blobs):
+                blobs[i] = blob
+        return blobs
 
-    def set_state(self, blob: bytes) -> None:
-        blobs, self.stats, self._acting = pickle.loads(blob)
-        self._broadcast("set_state", per_worker=blobs)
+    def _load_env_states(self, blobs: list[bytes]) -> None:
+        self._broadcast("set_state", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
         self._gather(range(len(self.conns)), "restoring env state")
 
     def close(self, grace: float | None = None) -> None:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from marlkit.agents.base import Agent, Bootstrap, TrainingDivergedError
 from marlkit.buffers import Transition
 from marlkit.config import ConfigError, RunConfig, save_config
-from marlkit.envs.core import Observation
+from marlkit.envs.core import EnvAPIError, Observation
 from marlkit.envs.factory import make_env_vector
 from marlkit.logger import Logger
 from marlkit.registry import closest, get_agent
@@ -87,8 +87,10 @@ class Runner:
             raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
         if cfg.mode == "test" and not cfg.load:
             raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")
-        if cfg.load and not Path(cfg.load).is_file():
-            raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
+        if cfg.load:
+            if not Path(cfg.load).is_file():
+                raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
+            load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
         self.run_dir = run_dir or new_run_dir(cfg, "_test" if cfg.mode == "test" else "")
         save_config(cfg, self.run_dir / "config.yaml")
         self.venv = None
@@ -165,7 +167,10 @@ class Runner:
         if on_frame is not None:
             on_frame()
         hidden = {g: a.initial_hidden(venv.num_envs) for g, a in self.agents.items()}
-        while (done < quota).any():
+        limit = self.cfg.runner.episode_step_limit * int(quota.max())
+        for _ in range(limit):
+            if (done >= quota).all():
+                break
             outs = self._act(obs, hidden, explore)
             res = venv.step({g: out.actions for g, out in outs.items()})
             if on_frame is not None:
@@ -176,6 +181,10 @@ class Runner:
                     results.append({"return": info["episode"]["return"], "length": info["episode"]["length"]})
             hidden = self._advance_hidden(outs, res.episode_end)
             obs = res.next
+        else:
+            raise EnvAPIError(f"{int(done.sum())} of {n_episodes} episodes ended within {limit} steps per env; "
+                              "an episode that never ends needs env.max_episode_steps (or raise "
+                              "runner.episode_step_limit)")
         return results
 
     # ------------------------------------------------------------------ train / benchmark
@@ -216,6 +225,7 @@ class Runner:
             self.venv.set_state(ckpt["venv"])
         else:
             state["obs"] = self.venv.reset(seed=self.cfg.seed * 10_000 + state["steps"])
+            state["hidden"] = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
             tqdm.write("resume: the envs cannot be saved, so they start fresh episodes; "
                        "the run continues but is not bit-identical to an uninterrupted one")
         rng = ckpt["rng"]
@@ -336,6 +346,7 @@ class Runner:
                 self.venv = self._make_venv(1 if render else min(rc.eval_parallels, rc.test_episodes),
                                             render=render, vectorize="sync")
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
+                fps = rc.video_fps or self.venv.spec.render_fps
                 frames: list = []
                 on_frame = (lambda: frames.append(self.venv.render(0))) if render else None
                 episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
@@ -353,7 +364,7 @@ class Runner:
         for g, s in summary.items():
             print(f"  {g:<16} return {s['mean']:9.3f} ± {s['std']:.3f}")
         if render:
-            video = write_video(self.run_dir, [f for f in frames if f is not None], rc.video_fps)
+            video = write_video(self.run_dir, [f for f in frames if f is not None], fps)
             print(f"  video: {video}" if video else "  (the env rendered no frames)")
         return result
 
