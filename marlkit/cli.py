@@ -5,6 +5,7 @@
     marlkit --env mpe_spread --test --load runs/.../best.pt  evaluate a checkpoint
     marlkit --list                                           registered agents and envs
 """
+import argparse
 import importlib
 import sys
 from dataclasses import dataclass, field
@@ -75,7 +76,8 @@ def list_everything() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = ArgumentParser(CLIArgs, prog="marlkit", description="Multi-agent RL: train, test, benchmark.")
+    parser = ArgumentParser(CLIArgs, prog="marlkit", description="Multi-agent RL: train, test, benchmark.",
+                            epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     args = parser.parse_args(_gather_repeated(list(sys.argv[1:] if argv is None else argv)))
     for module in args.imports:
         try:
