@@ -64,3 +64,18 @@ def test_frozen_checkpoint_opponent(env_yaml, tiny):
     shutil.copy(path2, path)
     second = marlkit.run(agent="MAPPO", env=path, **{**tiny, "runner.total_steps": 200})
     assert "prey/policy_loss" in second.metrics and "predator/policy_loss" not in second.metrics
+
+
+def test_concatenated_state_equals_mpe_state():
+    """mpe_spread.yaml uses state: concat as a shortcut; it must equal simple_spread's own state()."""
+    from mpe2 import simple_spread_v3
+    auto = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), state="auto")
+    concat = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), state="concat")
+    assert auto.spec.state_shape == concat.spec.state_shape == (54,)
+    a, c = auto.reset(seed=5), concat.reset(seed=5)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        np.testing.assert_array_equal(a.state, c.state)
+        actions = {"agents": rng.integers(0, 5, 3)}
+        a, *_ = auto.step(actions)
+        c, *_ = concat.step(actions)
