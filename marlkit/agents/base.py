@@ -64,7 +64,7 @@ class Agent:
     def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
                  seed: int = 0, device: str = "cpu"):
         self.group, self.state_shape, self.cfg = group, tuple(state_shape), cfg
-        self.num_envs, self.horizon, self.device = num_envs, horizon, device
+        self.num_envs, self.horizon, self.device = num_envs, horizon, torch.device(device)
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
 
@@ -128,15 +128,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 class OnPolicyAgent(Agent):
     """Rollout collection, GAE and the minibatch update loop shared by on-policy algorithms.
 
-    Subclasses implement ``build`` (create ``self.actor``/``self.critic`` modules), ``policy``,
-    ``values`` and ``loss``. Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
+    Subclasses implement ``build`` (return their named modules; one Adam optimiser and every
+    checkpoint cover them), ``policy``, ``values`` and ``loss``. Sequence tensors inside are
+    ``[L, B, A, ...]`` (time, batch, agent).
     """
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu"):
         super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device)
-        self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
-        torch.manual_seed(int(seed))
+        torch.manual_seed(int(seed))  # weight initialisation draws from the global generator
         self.modules = nn.ModuleDict(self.build())
         self.value_norm = ValueNorm() if cfg.value_norm else None
         if self.value_norm is not None:
@@ -248,9 +248,19 @@ class OnPolicyAgent(Agent):
         return self._denormalize(v)[0].cpu().numpy()
 
     def update(self, bootstrap: Bootstrap) -> dict[str, float]:
+        if not self.buffer.full:
+            raise RuntimeError(f"update() called after {self.buffer.step} of {self.buffer.horizon} steps")
+        data = self.training_data(bootstrap)
+        metrics = self.optimise(data)
+        present = self.buffer.agent_mask
+        if present.any():
+            metrics["value_mean"] = float(self.buffer.value[present].mean())
+        self.buffer.reset()
+        return metrics
+
+    def training_data(self, bootstrap: Bootstrap) -> dict[str, np.ndarray]:
+        """Values, GAE advantages and returns for the full buffer, as ``[T, E, ...]`` arrays."""
         buf, cfg = self.buffer, self.cfg
-        if not buf.full:
-            raise RuntimeError(f"update() called after {buf.step} of {buf.horizon} steps")
         T, E = buf.horizon, buf.num_envs
         episode_start = buf.episode_start(self._episode_start)
         self._episode_start = buf.episode_end[-1].copy()
@@ -281,6 +291,11 @@ class OnPolicyAgent(Agent):
                 "advantages": advantages, "returns": returns, "episode_start": episode_start, **buf.extras}
         if buf.hidden is not None:
             data["hidden"] = buf.hidden
+        return data
+
+    def optimise(self, data: dict[str, np.ndarray]) -> dict[str, float]:
+        """``epochs`` passes of minibatch gradient steps on ``loss``; returns the mean metrics."""
+        cfg = self.cfg
         totals: dict[str, float] = {}
         count = 0
         for _ in range(cfg.epochs):
@@ -303,11 +318,7 @@ class OnPolicyAgent(Agent):
                 for k, v in metrics.items():
                     totals[k] = totals.get(k, 0.0) + float(v)
                 count += 1
-        buf.reset()
-        out = {k: v / max(count, 1) for k, v in totals.items()}
-        if present.any():
-            out["value_mean"] = float(buf.value[present].mean())
-        return out
+        return {k: v / max(count, 1) for k, v in totals.items()}
 
     def normalized_returns(self, returns: torch.Tensor) -> torch.Tensor:
         return self.value_norm.normalize(returns) if self.value_norm is not None else returns
