@@ -79,3 +79,16 @@ def test_concatenated_state_equals_mpe_state():
         a, *_ = auto.step(actions)
         c, *_ = concat.step(actions)
         np.testing.assert_array_equal(a.state, c.state)
+
+
+def test_packaged_competitive_env_has_two_groups(tiny):
+    from marlkit.api import build_config
+    from marlkit.envs.factory import make_env
+    env = make_env(build_config("MAPPO", "mpe_tag").env)
+    assert {g: gs.agents for g, gs in env.groups.items()} == {
+        "adversary": ["adversary_0", "adversary_1", "adversary_2"], "agent": ["agent_0"]}
+    assert env.groups["adversary"].obs_shape != env.groups["agent"].obs_shape
+    run = marlkit.run(agent="MAPPO", env="mpe_tag", **{**tiny, "runner.total_steps": 100,
+                                                      "groups": {"agent": {"agent": "random"}}})
+    assert "adversary/policy_loss" in run.metrics and "agent/policy_loss" not in run.metrics
+    assert "agent/episode_return" in run.metrics
