@@ -2,8 +2,9 @@
 vectorisation, measured alternately in one process so both see the same machine load.
 
     python benchmarks/throughput.py [--steps 100000] [--parallels 16] [--vectorize sync] [--repeats 3]
+                                    [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
-Prints a table and writes benchmarks/results/throughput.json. "raw" uses the same vector env the
+Prints a table and writes benchmarks/results/throughput[_NAME].json. "raw" uses the same vector env the
 trainer uses (marlkit's PettingZoo adapter, auto-reset, batching) with uniformly random actions;
 "bare mpe2" is a plain loop over one mpe2 env for reference.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 import marlkit
 from marlkit.agents.random_policy import RandomAgent
@@ -60,8 +62,9 @@ def bare_mpe2_steps_per_s(steps: int) -> float:
 def train_steps_per_s(args, steps: int) -> float:
     with tempfile.TemporaryDirectory() as root:
         result = marlkit.run(agent=args.agent, env="mpe_spread", logger="none", **{
-            "runner.total_steps": steps, "runner.parallels": args.parallels, "runner.vectorize": args.vectorize,
-            "runner.progress": False, "runner.run_root": root, "runner.save_interval": 10 ** 9})
+            **args.overrides, "runner.total_steps": steps, "runner.parallels": args.parallels,
+            "runner.vectorize": args.vectorize, "runner.progress": False, "runner.run_root": root,
+            "runner.save_interval": 10 ** 9})
     return result.metrics["perf/env_steps_per_s_overall"]
 
 
@@ -72,8 +75,11 @@ def main() -> None:
     parser.add_argument("--parallels", type=int, default=16)
     parser.add_argument("--vectorize", default="sync", choices=["sync", "subprocess"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "throughput.json"))
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="training config overrides")
+    parser.add_argument("--tag", default="")
     args = parser.parse_args()
+    args.overrides = {item.split("=", 1)[0]: yaml.safe_load(item.split("=", 1)[1]) for item in args.set}
+    out = Path(__file__).parent / "results" / f"throughput{('_' + args.tag) if args.tag else ''}.json"
     torch.set_num_threads(1)
     cfg = build_config(args.agent, "mpe_spread", **{"runner.parallels": args.parallels,
                                                    "runner.vectorize": args.vectorize})
@@ -86,13 +92,13 @@ def main() -> None:
               flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratio = med["train"] / med["raw"]
-    report = {"agent": args.agent, "parallels": args.parallels, "vectorize": args.vectorize,
+    report = {"agent": args.agent, "parallels": args.parallels, "vectorize": args.vectorize, "overrides": args.set,
               "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": rows,
               "median_env_steps_per_s": med, "train_over_raw": ratio,
               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, {platform.python_version()}",
               "torch": torch.__version__}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
     print(f"\n{'workload':<34}{'env-steps/s (median)':>22}")
     print(f"{'bare mpe2, 1 env, random':<34}{med['bare_mpe2']:>22.0f}")
     print(f"{f'raw vector env x{args.parallels} ({args.vectorize}), random':<34}{med['raw']:>22.0f}")
