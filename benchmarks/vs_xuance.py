@@ -187,7 +187,7 @@ def measure_marlkit(steps: int) -> dict:
 
 def marlkit_config_facts() -> dict:
     cfg = build_config("MAPPO", "mpe_spread")
-    agent = cfg.agent_config("MAPPO")
+    agent = cfg.agents["MAPPO"]
     return {"parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize,
             "continuous_actions": cfg.env.kwargs.get("continuous_actions"),
             "rollout_steps_per_env": cfg.runner.horizon, "epochs": agent.epochs, "minibatches": agent.minibatches,
