@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 import marlkit
 from marlkit.agents.random_policy import RandomAgent
 from marlkit.api import build_config
+from marlkit.config import parse_set
 from marlkit.envs.factory import make_env_vector
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="training config overrides")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    args.overrides = {item.split("=", 1)[0]: yaml.safe_load(item.split("=", 1)[1]) for item in args.set}
+    args.overrides = parse_set(args.set)
     out = Path(__file__).parent / "results" / f"throughput{('_' + args.tag) if args.tag else ''}.json"
     torch.set_num_threads(1)
     cfg = build_config(args.agent, "mpe_spread", **{"runner.parallels": args.parallels,

@@ -44,6 +44,7 @@ import torch
 
 import marlkit
 from marlkit.api import build_config
+from marlkit.config import parse_set
 
 XUANCE_VERSION = "1.4.4"
 TORCH_PIN = "torch==2.13.0"
@@ -174,9 +175,9 @@ def measure_xuance(steps: int, helper: Path, threads: int | None) -> dict:
         return json.loads(out.read_text())
 
 
-def measure_marlkit(steps: int) -> dict:
+def measure_marlkit(steps: int, overrides: dict) -> dict:
     with tempfile.TemporaryDirectory() as root:
-        result = marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **{
+        result = marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **overrides, **{
             "runner.total_steps": steps, "runner.progress": False, "runner.run_root": root,
             "runner.save_interval": 10 ** 9})
     returns = [v for k, v in result.metrics.items() if k.endswith("/episode_return")]
@@ -185,8 +186,8 @@ def measure_marlkit(steps: int) -> dict:
             "final_train_return": statistics.mean(returns) if returns else None}
 
 
-def marlkit_config_facts() -> dict:
-    cfg = build_config("MAPPO", "mpe_spread")
+def marlkit_config_facts(overrides: dict) -> dict:
+    cfg = build_config("MAPPO", "mpe_spread", **overrides)
     agent = cfg.agents["MAPPO"]
     return {"parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize,
             "continuous_actions": cfg.env.kwargs.get("continuous_actions"),
@@ -204,8 +205,11 @@ def main() -> None:
     parser.add_argument("--xuance-threads", type=int, default=None,
                         help="torch threads for XuanCe (default: torch's own, as XuanCe leaves it; marlkit uses "
                              "its runner.torch_threads, 1)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="marlkit config overrides, e.g. runner.parallels=64 agents.MAPPO.epochs=5")
     parser.add_argument("--out", default=str(HERE / "results" / "vs_xuance.json"))
     args = parser.parse_args()
+    overrides = parse_set(args.set)
 
     if args.skip_install:
         if not VENV_PY.is_file():
@@ -222,7 +226,7 @@ def main() -> None:
         helper.write_text(XUANCE_HELPER)
         for r in range(args.repeats):
             runs["xuance"].append(measure_xuance(args.steps, helper, args.xuance_threads))
-            runs["marlkit"].append(measure_marlkit(args.steps))
+            runs["marlkit"].append(measure_marlkit(args.steps, overrides))
             print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
                 f"{side} {rs[-1]['env_steps_per_s']:.0f} env-steps/s" for side, rs in runs.items()), flush=True)
 
@@ -233,7 +237,8 @@ def main() -> None:
         "task": "MAPPO on MPE simple_spread_v3 (N=3, 25 steps), each library's default config",
         "xuance_version": XUANCE_VERSION, "marlkit_version": marlkit.__version__,
         "steps_per_measurement": args.steps, "repeats": args.repeats,
-        "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts()},
+        "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts(overrides)},
+        "marlkit_overrides": args.set,
         "samples_env_steps_per_s": {side: [run["env_steps_per_s"] for run in rs] for side, rs in runs.items()},
         "env_steps_done": {side: [run["env_steps"] for run in rs] for side, rs in runs.items()},
         "median_env_steps_per_s": med, "marlkit_over_xuance": ratio,

@@ -280,6 +280,17 @@ def available_envs() -> dict[str, str]:
     return {p.stem: str(load_yaml(p).get("description", "")).strip() for p in sorted(CONFIG_DIR.glob("*.yaml"))}
 
 
+def config_file_path(name: str) -> Path:
+    """``--config``: a YAML file, or the name of a packaged profile in ``marlkit/configs/profiles``."""
+    if Path(name).is_file() or name.endswith((".yaml", ".yml")):
+        return Path(name)
+    profiles = sorted(p.stem for p in (CONFIG_DIR / "profiles").glob("*.yaml"))
+    if name not in profiles:
+        raise ConfigError(f"--config {name!r}: no such file, and no packaged profile of that name"
+                          f"{closest(name, profiles)}; profiles: {', '.join(profiles)}")
+    return CONFIG_DIR / "profiles" / f"{name}.yaml"
+
+
 def env_yaml_path(env: str) -> Path:
     """A bare name is a packaged config; anything ending in .yaml/.yml is a user file."""
     if env.endswith((".yaml", ".yml")):
@@ -323,7 +334,7 @@ def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[st
     env_path = env_yaml_path(env)
     merged = load_yaml(env_path)
     for path in config_files or []:
-        merged = deep_merge(merged, load_yaml(path))
+        merged = deep_merge(merged, load_yaml(config_file_path(path)))
     merged = deep_merge(merged, overrides or {})
     merged = deep_merge(merged, {k: v for k, v in top_level.items() if v is not None})
     merged["agent"] = agent

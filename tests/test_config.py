@@ -108,3 +108,12 @@ def test_bad_device_is_named(tiny):
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="device: 'cuda' was asked for but CUDA is not available"):
             marlkit.run(agent="MAPPO", env="mpe_spread", device="cuda", **tiny)
+
+
+def test_packaged_profile_via_config():
+    cfg = build_config("MAPPO", "mpe_spread", config="fast")
+    assert cfg.runner.parallels == 64 and cfg.agents["MAPPO"].epochs == 5
+    assert cfg.agents["MAPPO"].lr == pytest.approx(7e-4)      # the rest still comes from mpe_spread.yaml
+    with pytest.raises(ConfigError, match="--config 'fats': no such file, and no packaged profile of that name "
+                                          "\\(did you mean 'fast'\\?\\)"):
+        build_config("MAPPO", "mpe_spread", config="fats")
