@@ -28,9 +28,8 @@ def trajectory(venv, steps=40, seed=7):
     out = [obs.obs["agents"].copy()]
     for _ in range(steps):
         res = venv.step({"agents": rng.integers(0, 3, (venv.num_envs, 3))})
-        out += [res.next.obs["agents"], res.final.obs["agents"], res.reward["agents"], res.agent_mask_sum
-                if hasattr(res, "agent_mask_sum") else res.next.agent_mask["agents"], res.episode_end,
-                res.terminated["agents"], res.truncated["agents"], res.next.state]
+        out += [res.next.obs["agents"], res.final.obs["agents"], res.reward["agents"], res.next.agent_mask["agents"],
+                res.episode_end, res.terminated["agents"], res.truncated["agents"], res.next.state]
         out += [np.array([i["episode"]["return"]["agents"]]) for i in res.infos if "episode" in i]
     return out
 
