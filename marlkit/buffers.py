@@ -40,11 +40,11 @@ class RolloutBuffer:
 
     def __init__(self, horizon: int, num_envs: int, n_agents: int, obs_shape: tuple, obs_dtype,
                  state_shape: tuple, action_shape: tuple, action_dtype, n_actions: int,
-                 hidden_shape: tuple | None = None):
+                 hidden_shape: tuple | None = None, state_dtype=np.float32):
         T, E, A = horizon, num_envs, n_agents
         self.horizon, self.num_envs, self.n_agents = T, E, A
         self.obs = np.zeros((T, E, A) + tuple(obs_shape), obs_dtype)
-        self.state = np.zeros((T, E) + tuple(state_shape), np.float32)
+        self.state = np.zeros((T, E) + tuple(state_shape), state_dtype)
         self.agent_mask = np.zeros((T, E, A), bool)
         self.action_mask = np.ones((T, E, A, n_actions), bool)
         self.actions = np.zeros((T, E, A) + tuple(action_shape), action_dtype)

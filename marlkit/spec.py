@@ -56,6 +56,7 @@ class EnvSpec:
     groups: dict[str, GroupSpec]
     state_shape: tuple[int, ...]
     render_fps: int = 10
+    state_dtype: Any = np.float32   # uint8 for image states: stored and shipped as such, scaled by the model
 
     def signature(self) -> dict:
         return {g: spec.signature() for g, spec in self.groups.items()}

@@ -62,8 +62,9 @@ class Agent:
     learns = True
 
     def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
-                 seed: int = 0, device: str = "cpu"):
+                 seed: int = 0, device: str = "cpu", state_dtype=np.float32):
         self.group, self.state_shape, self.cfg = group, tuple(state_shape), cfg
+        self.state_dtype = np.dtype(state_dtype)
         self.num_envs, self.horizon, self.device = num_envs, horizon, torch.device(device)
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
@@ -133,8 +134,9 @@ class OnPolicyAgent(Agent):
     ``[L, B, A, ...]`` (time, batch, agent).
     """
 
-    def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu"):
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device)
+    def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu",
+                 state_dtype=np.float32):
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype)
         self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         torch.manual_seed(int(seed))  # weight initialisation draws from the global generator
         self.modules = nn.ModuleDict(self.build())
@@ -150,7 +152,7 @@ class OnPolicyAgent(Agent):
         self.buffer = RolloutBuffer(horizon, num_envs, group.n_agents, group.obs_shape,
                                     group.observation_space.dtype or np.float32, self.state_shape, action_shape,
                                     action_dtype, group.n_actions,
-                                    (2, self.hidden_size) if self.recurrent else None)
+                                    (2, self.hidden_size) if self.recurrent else None, self.state_dtype)
         self._episode_start = np.ones(num_envs, bool)
 
     @classmethod

@@ -89,7 +89,7 @@ def empty_observation(spec: EnvSpec, batch: tuple[int, ...] = ()) -> Observation
         obs[g] = np.zeros(batch + (gs.n_agents,) + gs.obs_shape, dtype=dtype)
         agent_mask[g] = np.zeros(batch + (gs.n_agents,), dtype=bool)
         action_mask[g] = np.ones(batch + (gs.n_agents, gs.n_actions), dtype=bool)
-    return Observation(obs, np.zeros(batch + spec.state_shape, np.float32), agent_mask, action_mask)
+    return Observation(obs, np.zeros(batch + spec.state_shape, spec.state_dtype), agent_mask, action_mask)
 
 
 def group_arrays(spec: EnvSpec, dtype, batch: tuple[int, ...] = ()) -> dict[str, np.ndarray]:

@@ -10,8 +10,10 @@ from marlkit.envs.vector import VectorEnv, make_vector_env
 from marlkit.registry import get_env_type
 
 
-def make_env(cfg: EnvConfig, render: bool = False) -> MultiAgentEnv:
-    return get_env_type(cfg.type).from_config(cfg, render=render)
+def make_env(cfg: EnvConfig, render: bool = False, index: int = 0) -> MultiAgentEnv:
+    """Env ``index`` of a vector env: adapters that start processes derive their ports and worker
+    ids from it, so that the envs of one run (and of overlapping runs) never collide."""
+    return get_env_type(cfg.type).from_config(cfg, render=render, index=index)
 
 
 @dataclass
@@ -30,7 +32,7 @@ class _EnvBuilder:
     def __call__(self, index: int) -> MultiAgentEnv:
         if self.module != "__main__":
             importlib.import_module(self.module)
-        return make_env(self.cfg, render=self.render)
+        return make_env(self.cfg, render=self.render, index=index)
 
 
 def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,

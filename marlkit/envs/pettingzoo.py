@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import inspect
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -79,14 +80,17 @@ class PettingZooEnv(MultiAgentEnv):
     config_cls = PettingZooConfig
 
     @classmethod
-    def from_config(cls, cfg: PettingZooConfig, render: bool = False) -> "PettingZooEnv":
+    def from_config(cls, cfg: PettingZooConfig, render: bool = False, index: int = 0) -> "PettingZooEnv":
         if not cfg.factory:
             raise ConfigError("env.factory is empty; set it to 'package.module:function' returning a "
                               "PettingZoo ParallelEnv")
         kwargs = dict(cfg.kwargs)
         if render or cfg.render_mode:
             kwargs["render_mode"] = cfg.render_mode or "rgb_array"
-        env = import_factory(cfg.factory)(**kwargs)
+        factory = import_factory(cfg.factory)
+        if "env_index" in inspect.signature(factory).parameters:
+            kwargs["env_index"] = index
+        env = factory(**kwargs)
         return cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
                    check_api=cfg.check_api)
 
