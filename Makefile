@@ -12,6 +12,12 @@ $(BIN)/.installed: setup.cfg pyproject.toml
 	# torch first and pinned: pip must never resolve another (CUDA) build
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[all]"
+	# mlagents-envs 1.1.0 declares Python <= 3.10.12 and old numpy/protobuf/grpcio pins, yet runs on 3.11
+	# with today's versions: install it without its metadata, its runtime needs (the unity extra) with
+	# pins that fit tensorboard, then rewrite its protobuf modules for protobuf >= 4
+	$(BIN)/pip install --quiet --no-deps --ignore-requires-python mlagents-envs==1.1.0
+	$(BIN)/pip install --quiet -e ".[unity]"
+	$(BIN)/python -m marlkit.envs.unity.protos
 	touch $@
 
 install: $(BIN)/.installed

@@ -1,0 +1,254 @@
+"""A Unity player stand-in: a scripted two-team scene speaking the ML-Agents gRPC protocol.
+
+``UnityEnvironment(file_name="tests/unity_standin/standin")`` launches it like a build (with
+``--mlagents-port N``); it connects as the gRPC client, exactly as a Unity player does, and plays a
+SoccerTwos-shaped scene:
+
+- behaviours ``Soccer?team=0`` and ``Soccer?team=1``; ``--fields`` fields with two agents per team
+  each (agent ids: field f holds ``4f, 4f+1`` in team 0 and ``4f+2, 4f+3`` in team 1);
+- two vector sensors per agent (8 and 3 floats; ``--image HxWxC`` adds an image sensor);
+- MultiDiscrete actions ``[3, 3, 3]`` (``--continuous N`` makes them hybrid) with action masks;
+- field f's episode lasts ``--episode-length + 2 f`` steps, so fields end at different times; an
+  episode ends on a goal (team ``episode % 2`` scores: group reward +1 / -1, ``done``) or, every
+  third episode, at its max step (``max_step_reached``, group reward 0). The ending agents appear
+  in the terminal infos and, already reset, in the decision infos of the same message;
+- the last agent of each team in field 0 requests a decision every ``--decision-period`` steps
+  (its reward accumulates in between, as in Unity).
+
+Observations encode what a test needs to check: sensor 0 is ``[agent id, field, step in episode,
+episode, last action (3), 1]``; sensor 1 is ``[team, slot in team, 0.5]``. Every agent gets a
+reward of ``0.01 * (sum of its last discrete action) - 0.001`` per decision. ``--log`` writes one
+JSON line per step: the actions received per agent id, and masked choices taken.
+
+Fault modes for tests: ``--die-after K`` exits abruptly after K steps, ``--hang-after K`` stops
+answering after K steps, ``--never-connect`` never calls the server.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import grpc
+from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
+from mlagents_envs.communicator_objects.brain_parameters_pb2 import ActionSpecProto, BrainParametersProto
+from mlagents_envs.communicator_objects.capabilities_pb2 import UnityRLCapabilitiesProto
+from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET, STEP
+from mlagents_envs.communicator_objects.observation_pb2 import NONE, ObservationProto
+from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
+from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import UnityToExternalProtoStub
+
+BRANCHES = (3, 3, 3)
+TEAMS = (0, 1)
+
+
+def behaviour(team: int) -> str:
+    return f"Soccer?team={team}"
+
+
+def masked_choices(agent_id: int, step: int) -> list[tuple[int, int]]:
+    """(branch, choice) pairs this agent may not pick at this step of its episode."""
+    if agent_id % 2 == 0:
+        return [(0, 2)]
+    return [(1, 0)] if step % 2 == 0 else [(2, 1)]
+
+
+class Field:
+    def __init__(self, index: int, length: int):
+        self.index, self.length = index, length
+        self.step, self.episode = 0, 0
+
+    def ends(self) -> tuple[bool, bool, int]:
+        """(ended, by max step, scoring team) after the current step."""
+        if self.step < self.length:
+            return False, False, -1
+        by_max_step = self.episode % 3 == 2
+        return True, by_max_step, -1 if by_max_step else self.episode % 2
+
+
+class Agent:
+    def __init__(self, agent_id: int, field: Field, team: int, slot: int, period: int):
+        self.id, self.field, self.team, self.slot, self.period = agent_id, field, team, slot, period
+        self.last_action = [0] * len(BRANCHES)
+        self.reward = 0.0
+
+    def wants_decision(self) -> bool:
+        return self.field.step % self.period == 0
+
+
+class Scene:
+    def __init__(self, args):
+        self.args = args
+        self.fields = [Field(f, args.episode_length + 2 * f) for f in range(args.fields)]
+        self.agents = []
+        for field in self.fields:
+            for team in TEAMS:
+                for slot in range(2):
+                    agent_id = 4 * field.index + 2 * team + slot
+                    period = args.decision_period if field.index == 0 and slot == 1 else 1
+                    self.agents.append(Agent(agent_id, field, team, slot, period))
+        self.deciding: dict[str, list[Agent]] = {behaviour(t): [] for t in TEAMS}
+        self.steps = 0
+        self.log = open(args.log, "a") if args.log else None
+
+    def observations(self, agent: Agent) -> list[ObservationProto]:
+        f = agent.field
+        sensors = [[agent.id, f.index, f.step, f.episode, *agent.last_action, 1.0],
+                   [agent.team, agent.slot, 0.5]]
+        out = []
+        for i, values in enumerate(sensors):
+            ob = ObservationProto(shape=[len(values)], compression_type=NONE, name=f"vector_{i}")
+            ob.float_data.data.extend(float(v) for v in values)
+            out.append(ob)
+        if self.args.image:
+            h, w, c = self.args.image
+            ob = ObservationProto(shape=[h, w, c], compression_type=NONE, name="camera")
+            ob.float_data.data.extend([(agent.id + f.step) % 7 / 7.0] * (h * w * c))
+            out.append(ob)
+        return out
+
+    def info(self, agent: Agent, done: bool = False, max_step: bool = False, group_reward: float = 0.0,
+             reward: float | None = None) -> AgentInfoProto:
+        info = AgentInfoProto(reward=agent.reward if reward is None else reward, done=done,
+                              max_step_reached=max_step, id=agent.id, group_id=1 + 2 * agent.field.index + agent.team,
+                              group_reward=group_reward)
+        info.observations.extend(self.observations(agent))
+        if not done:
+            forbidden = set(masked_choices(agent.id, agent.field.step))
+            info.action_mask.extend((b, c) in forbidden for b, n in enumerate(BRANCHES) for c in range(n))
+        return info
+
+    def reset(self) -> list:
+        for field in self.fields:
+            field.step = 0
+        for agent in self.agents:
+            agent.reward, agent.last_action = 0.0, [0] * len(BRANCHES)
+        return []
+
+    def step(self, agent_actions) -> list:
+        record, violations = {}, 0
+        for name, deciders in self.deciding.items():
+            actions = agent_actions[name].value if name in agent_actions else []
+            if len(actions) != len(deciders):
+                sys.exit(f"standin: {name} got {len(actions)} actions for {len(deciders)} deciding agents")
+            for agent, action in zip(deciders, actions):
+                discrete = list(action.discrete_actions)
+                forbidden = masked_choices(agent.id, agent.field.step)
+                violations += sum(discrete[b] == c for b, c in forbidden)
+                agent.last_action = discrete
+                agent.reward += 0.01 * sum(discrete)
+                record[agent.id] = {"discrete": discrete, "continuous": list(action.continuous_actions)}
+        for agent in self.agents:
+            agent.reward -= 0.001
+        terminal = []
+        for field in self.fields:
+            field.step += 1
+            ended, by_max_step, scorer = field.ends()
+            if not ended:
+                continue
+            for agent in self.agents:
+                if agent.field is field:
+                    group_reward = 0.0 if scorer < 0 else (1.0 if agent.team == scorer else -1.0)
+                    terminal.append((agent, by_max_step, group_reward))
+        self.steps += 1
+        if self.log is not None:
+            self.log.write(json.dumps({"step": self.steps, "actions": record, "violations": violations,
+                                       "ended": sorted({a.field.index for a, _, _ in terminal})}) + "\n")
+            self.log.flush()
+        return terminal
+
+    def close_episodes(self, message: UnityMessageProto, terminal: list) -> None:
+        """Terminal infos carry the final observation; then the fields restart their episode."""
+        rl = message.unity_output.rl_output
+        for agent, max_step, group_reward in terminal:
+            rl.agentInfos[behaviour(agent.team)].value.append(
+                self.info(agent, done=True, max_step=max_step, group_reward=group_reward))
+            agent.reward = 0.0
+        for field in {agent.field for agent, _, _ in terminal}:
+            field.step = 0
+            field.episode += 1
+
+    def answer(self, terminal: list) -> UnityMessageProto:
+        message = UnityMessageProto()
+        message.header.status = 200
+        self.close_episodes(message, terminal)
+        rl = message.unity_output.rl_output
+        self.deciding = {behaviour(t): [] for t in TEAMS}
+        for agent in self.agents:
+            if agent.wants_decision():
+                rl.agentInfos[behaviour(agent.team)].value.append(self.info(agent))
+                self.deciding[behaviour(agent.team)].append(agent)
+                agent.reward = 0.0
+        return message
+
+    def initialization(self) -> UnityMessageProto:
+        message = self.answer(self.reset())
+        init = message.unity_output.rl_initialization_output
+        init.name = "SoccerStandin"
+        init.communication_version = "1.5.0"
+        init.package_version = "2.0.1"
+        init.capabilities.CopyFrom(UnityRLCapabilitiesProto(
+            baseRLCapabilities=True, concatenatedPngObservations=True, compressedChannelMapping=True,
+            hybridActions=True, trainingAnalytics=True, variableLengthObservation=True, multiAgentGroups=True))
+        for t in TEAMS:
+            spec = ActionSpecProto(num_continuous_actions=self.args.continuous, num_discrete_actions=len(BRANCHES),
+                                   discrete_branch_sizes=list(BRANCHES))
+            init.brain_parameters.append(BrainParametersProto(brain_name=behaviour(t), is_training=True,
+                                                              action_spec=spec))
+        return message
+
+
+def parse(argv: list[str]):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mlagents-port", type=int, required=True)
+    parser.add_argument("--fields", type=int, default=2)
+    parser.add_argument("--episode-length", type=int, default=5)
+    parser.add_argument("--decision-period", type=int, default=1)
+    parser.add_argument("--continuous", type=int, default=0)
+    parser.add_argument("--image", type=lambda s: tuple(int(v) for v in s.split("x")), default=None)
+    parser.add_argument("--log", default=None)
+    parser.add_argument("--die-after", type=int, default=None)
+    parser.add_argument("--hang-after", type=int, default=None)
+    parser.add_argument("--never-connect", action="store_true")
+    args, _unity_flags = parser.parse_known_args(argv)  # -batchmode, -nographics, -logFile ... as a player gets
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    if args.never_connect:
+        while True:
+            time.sleep(60)
+    scene = Scene(args)
+    channel = grpc.insecure_channel(f"localhost:{args.mlagents_port}")
+    grpc.channel_ready_future(channel).result(timeout=60)
+    exchange = UnityToExternalProtoStub(channel).Exchange
+    exchange(scene.initialization())             # answered by the trainer's initialization input
+    reply = exchange(UnityMessageProto(header={"status": 200}))   # answered by the first command
+    while True:
+        if reply.header.status != 200:
+            return 0
+        command = reply.unity_input.rl_input.command
+        if command == QUIT:
+            return 0
+        if command == RESET:
+            message = scene.answer(scene.reset())
+        elif command == STEP:
+            if args.die_after is not None and scene.steps >= args.die_after:
+                os._exit(3)
+            if args.hang_after is not None and scene.steps >= args.hang_after:
+                while True:
+                    time.sleep(60)
+            message = scene.answer(scene.step(reply.unity_input.rl_input.agent_actions))
+        else:
+            return f"standin: unknown command {command}"
+        reply = exchange(message)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except grpc.RpcError:  # the trainer went away: a player quits too
+        sys.exit(0)
