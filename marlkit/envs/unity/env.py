@@ -1,0 +1,294 @@
+"""Unity ML-Agents scenes (a build, or the Editor) as a :class:`MultiAgentEnv`.
+
+Built on ``mlagents_envs.environment.UnityEnvironment`` directly (``get_steps``, ``set_actions``,
+behaviour specs). Python is the gRPC server; a build is launched with ``--mlagents-port N``, the
+Editor connects when Play is pressed.
+
+- One group per behaviour: ``SoccerTwos?team=0`` -> ``team_0`` (``Name?team=T`` -> ``team_T`` when
+  every behaviour shares one name, else ``Name_team_T``; a behaviour without a team -> ``Name``).
+- Agent slots: the agent ids present after the first reset, sorted, then new ids in order of
+  appearance, up to ``env.max_agents[group]`` slots; an agent keeps its slot for the whole run.
+- ``agent_mask`` is True for agents that ask for a decision this step; actions are sent for
+  exactly those. ``action_mask`` comes from the behaviour's branch masks (ML-Agents' True =
+  forbidden is inverted to marlkit's True = allowed).
+- Observations: an agent's sensors, flattened and concatenated in the behaviour's order.
+- Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
+- Per-agent episodes: an agent in the terminal steps ends its own episode (``terminated``, or
+  ``truncated`` when ML-Agents says it was interrupted at its max step) and carries its final
+  observation in ``Observation.final``; when the same agent is also in the decision steps of the
+  same call it goes on at once in its new episode (the terminal reward is kept; the decision
+  step's reward, earned before the new episode's first action, belongs to no action, as in
+  ML-Agents' own trainer). The scene itself never ends: fields restart on their own.
+"""
+from __future__ import annotations
+
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+from gymnasium import spaces
+
+from marlkit.config import ConfigError, EnvConfig
+from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation
+from marlkit.registry import register_env
+
+ENGINE_SETTINGS = ("width", "height", "quality_level", "time_scale", "target_frame_rate", "capture_frame_rate")
+
+
+@dataclass
+class UnityConfig(EnvConfig):
+    type: str = "unity"
+    file_name: Optional[str] = None              # a build; None waits for the Editor's Play button
+    no_graphics: bool = True
+    time_scale: float = 20.0                     # engine settings through the engine side channel
+    engine: dict[str, float] = field(default_factory=dict)   # width, height, quality_level, target_frame_rate, ...
+    parameters: dict[str, float] = field(default_factory=dict)  # environment parameters side channel
+    base_port: Optional[int] = None              # None: a free port per env; else base_port + worker_id + env index
+    worker_id: int = 0
+    timeout_wait: int = 60                       # seconds to wait for the scene to connect / answer
+    additional_args: list[str] = field(default_factory=list)   # launch arguments for the build
+    seed: int = 0
+    group_reward_weight: float = 1.0
+    flatten_actions: bool = False                # MultiDiscrete -> one Discrete with the joint action mask
+    max_agents: dict[str, int] = field(default_factory=dict)   # slots per group for agents that appear later
+
+
+def _import_mlagents():
+    try:
+        from mlagents_envs import environment
+    except ImportError as exc:
+        raise ImportError("the unity env needs mlagents-envs 1.1.0; `make install` installs it on Python 3.11 "
+                          f"(see the Makefile's install recipe) ({exc})") from None
+    except TypeError as exc:  # "Descriptors cannot be created directly": protobuf modules not regenerated
+        raise ImportError("mlagents-envs' protobuf modules predate the installed protobuf; run "
+                          f"`python -m marlkit.envs.unity.protos` once (`make install` does) ({exc})") from None
+    return environment
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def group_names(behaviours: list[str]) -> dict[str, str]:
+    """Behaviour name -> group name (``SoccerTwos?team=0`` -> ``team_0``)."""
+    parsed = {}
+    for b in behaviours:
+        name, _, query = b.partition("?")
+        team = re.search(r"(?:^|&|\?)team=(\d+)", query)
+        parsed[b] = (re.sub(r"\W+", "_", name).strip("_") or "behaviour", team.group(1) if team else None)
+    one_name = len({name for name, _ in parsed.values()}) == 1
+    out = {b: (f"team_{team}" if one_name else f"{name}_team_{team}") if team is not None else name
+           for b, (name, team) in parsed.items()}
+    if len(set(out.values())) != len(out):
+        raise EnvAPIError(f"behaviours {sorted(behaviours)} map to clashing group names {sorted(out.values())}")
+    return out
+
+
+class _Behaviour:
+    """One behaviour: its group, agent slots, spaces and the ids that asked for a decision."""
+
+    def __init__(self, name: str, group: str, spec, agent_ids: np.ndarray, capacity: int):
+        self.name, self.group, self.spec = name, group, spec
+        ids = sorted(int(i) for i in agent_ids)
+        if capacity < len(ids):
+            raise ConfigError(f"env.max_agents.{group}={capacity} is smaller than the {len(ids)} agents of "
+                              f"behaviour {name!r} at reset")
+        self.capacity = capacity
+        self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
+        self.obs_dim = int(sum(np.prod(o.shape) for o in spec.observation_specs))
+        action = spec.action_spec
+        self.n_continuous, self.branches = action.continuous_size, tuple(int(b) for b in action.discrete_branches)
+        if self.n_continuous and self.branches:
+            raise ConfigError(f"behaviour {name!r} has hybrid actions ({self.n_continuous} continuous + "
+                              f"branches {list(self.branches)}); the unity env supports one kind per behaviour")
+        if self.branches:
+            self.action_space = spaces.Discrete(self.branches[0]) if len(self.branches) == 1 \
+                else spaces.MultiDiscrete(list(self.branches))
+        else:
+            self.action_space = spaces.Box(-1.0, 1.0, (self.n_continuous,), np.float32)
+        self.deciding = np.zeros(0, np.int64)   # slots of the agents whose action the scene awaits
+
+    def slots(self, agent_ids: np.ndarray) -> np.ndarray:
+        out = np.empty(len(agent_ids), np.int64)
+        for k, agent_id in enumerate(agent_ids.tolist()):
+            slot = self.slot.get(agent_id)
+            if slot is None:
+                if len(self.slot) >= self.capacity:
+                    raise EnvAPIError(
+                        f"behaviour {self.name!r}: agent id {agent_id} appeared but all {self.capacity} slots of "
+                        f"group {self.group!r} are taken; raise env.max_agents.{self.group}")
+                slot = self.slot[agent_id] = len(self.slot)
+            out[k] = slot
+        return out
+
+    def flat_obs(self, obs_list: list[np.ndarray]) -> np.ndarray:
+        n = len(obs_list[0]) if obs_list else 0
+        return np.concatenate([o.reshape(n, -1) for o in obs_list], axis=1) if obs_list else np.zeros((n, 0))
+
+    def agent_names(self) -> list[str]:
+        by_slot = {s: i for i, s in self.slot.items()}
+        return [f"{self.name}?agent_id={by_slot[s]}" if s in by_slot else f"{self.name}?slot={s}"
+                for s in range(self.capacity)]
+
+
+@register_env("unity")
+class UnityEnv(MultiAgentEnv):
+    config_cls = UnityConfig
+
+    @classmethod
+    def from_config(cls, cfg: UnityConfig, render: bool = False, index: int = 0) -> MultiAgentEnv:
+        env = cls(cfg, index)
+        if cfg.flatten_actions:
+            from marlkit.envs.wrappers import FlattenMultiDiscrete
+            env = FlattenMultiDiscrete(env)
+        return env
+
+    def __init__(self, cfg: UnityConfig, index: int = 0):
+        environment = _import_mlagents()
+        from mlagents_envs.exception import UnityWorkerInUseException
+        from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
+        from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel
+
+        unknown = [k for k in cfg.engine if k not in ENGINE_SETTINGS]
+        if unknown:
+            raise ConfigError(f"env.engine.{unknown[0]}: unknown engine setting; valid: {', '.join(ENGINE_SETTINGS)}")
+        if cfg.file_name is None and index > 0:
+            raise ConfigError("env.file_name is empty, so the env is the Unity Editor, which is one env: "
+                              "set runner.parallels=1 (and eval_parallels=1), or point env.file_name at a build")
+        self.cfg, self.index = cfg, index
+        engine = EngineConfigurationChannel()
+        engine.set_configuration_parameters(**{"time_scale": cfg.time_scale, **cfg.engine})
+        parameters = EnvironmentParametersChannel()
+        for key, value in cfg.parameters.items():
+            parameters.set_float_parameter(key, float(value))
+        self._env = None
+        for attempt in range(5):
+            if cfg.base_port is None:
+                base_port, worker_id = (free_port(), 0) if cfg.file_name is not None else (None, 0)
+            else:
+                base_port, worker_id = cfg.base_port, cfg.worker_id + index
+            try:
+                self._env = environment.UnityEnvironment(
+                    file_name=cfg.file_name, worker_id=worker_id, base_port=base_port, seed=cfg.seed + index,
+                    no_graphics=cfg.no_graphics, timeout_wait=cfg.timeout_wait,
+                    additional_args=list(cfg.additional_args), side_channels=[engine, parameters])
+                break
+            except UnityWorkerInUseException:
+                if cfg.base_port is not None or attempt == 4:
+                    raise
+        self.port = self._env._port
+        try:
+            self._env.reset()
+            self._build_spec()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ spec
+
+    def _build_spec(self) -> None:
+        specs = self._env.behavior_specs
+        names = group_names(sorted(specs))
+        unknown = [g for g in self.cfg.max_agents if g not in names.values()]
+        if unknown:
+            raise ConfigError(f"env.max_agents.{unknown[0]}: no such group; this scene's groups are "
+                              f"{', '.join(names.values())}")
+        self.behaviours: list[_Behaviour] = []
+        for b in sorted(specs):
+            decision, terminal = self._env.get_steps(b)
+            present = np.union1d(decision.agent_id, terminal.agent_id)
+            g = names[b]
+            self.behaviours.append(_Behaviour(b, g, specs[b], present, self.cfg.max_agents.get(g, len(present))))
+        groups = {}
+        for beh in self.behaviours:
+            space = spaces.Box(-np.inf, np.inf, (beh.obs_dim,), np.float32)
+            groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space)
+        state_dim = sum(beh.capacity * beh.obs_dim for beh in self.behaviours)
+        self.spec = EnvSpec(groups, (state_dim,))
+        self._first = self._observe()[0]
+
+    # ------------------------------------------------------------------ contract
+
+    def reset(self, seed: int | None = None) -> Observation:
+        """The scene restarts its episodes on its own; the first call hands over the observation
+        of the reset done at connection, later calls reset the scene."""
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        self._env.reset()
+        return self._observe()[0]
+
+    def step(self, actions: dict[str, np.ndarray]):
+        from mlagents_envs.base_env import ActionTuple
+        self._first = None
+        for beh in self.behaviours:
+            if not len(beh.deciding):
+                continue
+            chosen = np.asarray(actions[beh.group])[beh.deciding]
+            if beh.branches:
+                discrete = chosen.reshape(len(chosen), -1).astype(np.int32)
+                self._env.set_actions(beh.name, ActionTuple(discrete=discrete))
+            else:
+                self._env.set_actions(beh.name, ActionTuple(continuous=chosen.astype(np.float32)))
+        self._env.step()
+        ob, reward, terminated, truncated = self._observe()
+        return ob, reward, terminated, truncated, False
+
+    def _observe(self):
+        w = self.cfg.group_reward_weight
+        obs, agent_mask, action_mask, reward, terminated, truncated, final = {}, {}, {}, {}, {}, {}, {}
+        ended_any = False
+        for beh in self.behaviours:
+            g, A = beh.group, beh.capacity
+            decision, terminal = self._env.get_steps(beh.name)
+            o = np.zeros((A, beh.obs_dim), np.float32)
+            m = np.zeros(A, bool)
+            r = np.zeros(A, np.float32)
+            term, trunc = np.zeros(A, bool), np.zeros(A, bool)
+            n_mask = sum(beh.branches)
+            am = np.ones((A, n_mask), bool)
+            f = None
+            if len(terminal):
+                ts = beh.slots(terminal.agent_id)
+                r[ts] = terminal.reward + w * terminal.group_reward
+                trunc[ts] = terminal.interrupted
+                term[ts] = ~terminal.interrupted
+                f = o.copy()
+                f[ts] = beh.flat_obs(terminal.obs)
+                ended_any = True
+            ds = beh.slots(decision.agent_id)
+            if len(ds):
+                o[ds] = beh.flat_obs(decision.obs)
+                m[ds] = True
+                # a decision right after a restart: its reward predates the new episode's first action
+                fresh = ~(term[ds] | trunc[ds])
+                r[ds[fresh]] += (decision.reward + w * decision.group_reward)[fresh]
+                if decision.action_mask is not None and n_mask:
+                    am[ds] = ~np.concatenate(decision.action_mask, axis=1)
+            beh.deciding = ds
+            if f is not None:
+                keep = ~(term | trunc)
+                f[keep] = o[keep]
+            obs[g], agent_mask[g], action_mask[g], reward[g] = o, m, am, r
+            terminated[g], truncated[g], final[g] = term, trunc, f
+        state = np.concatenate([obs[beh.group].reshape(-1) for beh in self.behaviours])
+        ob = Observation(obs, state, agent_mask, action_mask)
+        if ended_any:
+            final_obs = {g: f if f is not None else obs[g] for g, f in final.items()}
+            ob.final = Observation(final_obs, np.concatenate([final_obs[b.group].reshape(-1) for b in self.behaviours]),
+                                   agent_mask, action_mask)
+        return ob, reward, terminated, truncated
+
+    def close(self) -> None:
+        env, self._env = getattr(self, "_env", None), None
+        if env is not None:
+            # ML-Agents' own shutdown (status 400 to the scene), with a short grace before the kill
+            # rather than timeout_wait: a scene that stopped answering is not waited for twice
+            env._close(timeout=5)
+
+    def __del__(self):
+        self.close()
