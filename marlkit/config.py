@@ -74,6 +74,9 @@ class EnvConfig:
     groups: Optional[dict[str, list[str]]] = None
     max_episode_steps: Optional[int] = field(default=None, metadata=_range(1))
     render_mode: Optional[str] = None
+    # observation wrappers for image envs (marlkit/envs/wrappers.py): [H, W], and K frames per obs
+    resize: Optional[list[int]] = None
+    frame_stack: int = field(default=1, metadata=_range(1))
 
 
 @dataclass

@@ -7,13 +7,14 @@ from dataclasses import dataclass
 from marlkit.config import EnvConfig, RunnerConfig
 from marlkit.envs.core import MultiAgentEnv
 from marlkit.envs.vector import VectorEnv, make_vector_env
+from marlkit.envs.wrappers import wrap
 from marlkit.registry import get_env_type
 
 
 def make_env(cfg: EnvConfig, render: bool = False, index: int = 0) -> MultiAgentEnv:
     """Env ``index`` of a vector env: adapters that start processes derive their ports and worker
     ids from it, so that the envs of one run (and of overlapping runs) never collide."""
-    return get_env_type(cfg.type).from_config(cfg, render=render, index=index)
+    return wrap(get_env_type(cfg.type).from_config(cfg, render=render, index=index), cfg)
 
 
 @dataclass

@@ -1,0 +1,163 @@
+"""ViZDoom co-op as a PettingZoo ``ParallelEnv``: N players in one lockstep network game.
+
+Per player ``player_i``: observation ``[C, H, W]`` uint8 (C = 1 grayscale, 3 RGB), a Discrete
+action indexing ``DoomConfig.action_table()``, a reward = per-player part + shared part (both also
+in ``info``), and in ``info`` the player's game variables (health, armor, ammo, kills, deaths,
+damage, hits, dead). Every player stays in the game for the whole episode (dead players respawn),
+and the episode ends for all players on the same step.
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+from marlkit.config import build
+from marlkit.envs.doom.config import DoomConfig
+from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
+from marlkit.envs.doom.rewards import STATE_FEATURES, player_stats, reward_parts, state_features
+from marlkit.envs.doom.worker import PlayerSettings
+
+log = logging.getLogger("marlkit.doom")
+
+def screen_shape(resolution: str) -> tuple[int, int]:
+    """(H, W) of a ``RES_<W>X<H>`` name."""
+    w, h = resolution.removeprefix("RES_").split("X")
+    return int(h), int(w)
+
+
+class DoomCoopEnv(ParallelEnv):
+    metadata = {"render_modes": ["rgb_array"], "name": "doom_coop_v0", "is_parallelizable": True}
+
+    def __init__(self, config: DoomConfig | None = None, index: int = 0, render_mode: str | None = None, **options):
+        """``config`` or the same settings as keyword arguments (``players=4, frame_skip=2``);
+        ``index`` is the env's place in a vector env, used in error messages and for fixed ports."""
+        cfg = config if config is not None else build(DoomConfig, options, "env")
+        cfg.check_names()
+        self.cfg, self.index, self.render_mode = cfg, index, render_mode
+        self.metadata = {**self.metadata, "render_fps": max(1, round(35 / cfg.frame_skip))}
+        self.table = cfg.action_table()
+        self.possible_agents = [f"player_{i}" for i in range(cfg.players)]
+        self.agents: list[str] = []
+        h, w = screen_shape(cfg.resolution)
+        self._channels = 1 if cfg.grayscale else 3
+        obs_space = spaces.Box(0, 255, (self._channels, h, w), np.uint8)
+        act_space = spaces.Discrete(len(self.table))
+        self.observation_spaces = {a: obs_space for a in self.possible_agents}
+        self.action_spaces = {a: act_space for a in self.possible_agents}
+        if cfg.state == "screens":
+            self.state_space = spaces.Box(0, 255, (cfg.players * self._channels, h, w), np.uint8)
+        else:
+            self.state_space = spaces.Box(-np.inf, np.inf, (cfg.players * STATE_FEATURES + 1,), np.float32)
+        settings = PlayerSettings(player=0, players=cfg.players, port=0, config=cfg.scenario_path(), work_dir="",
+                                  resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
+                                  doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
+                                  host_args=list(cfg.host_args))
+        self.match = DoomMatch(settings, name=f"env {index}",
+                               port=None if cfg.port is None else cfg.port + index,
+                               timeout=cfg.player_timeout, start_timeout=cfg.start_timeout)
+        self.restarts = 0
+        self._screens = np.zeros((cfg.players, self._channels, h, w), np.uint8)
+        self._vars = None
+        self._tics = 0
+        self.match.start()
+
+    def observation_space(self, agent):
+        return self.observation_spaces[agent]
+
+    def action_space(self, agent):
+        return self.action_spaces[agent]
+
+    # ------------------------------------------------------------------ engine answers -> arrays
+
+    def _take(self, answers: list) -> tuple[np.ndarray, bool, bool]:
+        """Store screens and variables; returns (variables ``[N, V]``, finished, time limit)."""
+        for i, (screen, _, _, _) in enumerate(answers):
+            self._screens[i] = screen.reshape(self._screens.shape[1:])
+        variables = np.stack([a[1] for a in answers])
+        finished = [a[2] for a in answers]
+        if any(finished) and not all(finished):
+            # Never seen: the engines agree on the tic an episode ends. Should a scenario differ,
+            # the players who go on would wait for the ones who stopped, so it is an error.
+            raise DoomPlayerError(f"env {self.index}: the episode ended for players "
+                                  f"{[i for i, f in enumerate(finished) if f]} only")
+        return variables, all(finished), any(a[3] for a in answers)
+
+    def _observations(self) -> dict:
+        return {a: self._screens[i].copy() for i, a in enumerate(self.possible_agents)}
+
+    def _infos(self, player: np.ndarray | None = None, shared: float = 0.0) -> dict:
+        out = {}
+        for i, a in enumerate(self.possible_agents):
+            out[a] = {**player_stats(self._vars[i]), "reward_player": float(player[i]) if player is not None else 0.0,
+                      "reward_shared": shared, "restarts": self.restarts}
+        return out
+
+    def state(self) -> np.ndarray:
+        if self.cfg.state == "screens":
+            return self._screens.reshape(self.state_space.shape).copy()
+        timeout = self.cfg.episode_timeout
+        progress = min(self._tics / timeout, 1.0) if timeout else 0.0
+        return np.append(state_features(self._vars).reshape(-1), np.float32(progress)).astype(np.float32)
+
+    # ------------------------------------------------------------------ ParallelEnv
+
+    def reset(self, seed: int | None = None, options: dict | None = None):
+        try:
+            answers = self.match.reset(seed)
+        except DoomPlayerError as exc:
+            self._restart_or_raise(exc)
+            answers = self.match.reset(seed)
+        self._vars, _, _ = self._take(answers)
+        self._tics = 0
+        self.agents = list(self.possible_agents)
+        return self._observations(), self._infos()
+
+    def step(self, actions: dict):
+        if not self.agents:
+            raise RuntimeError("step() after the episode ended; call reset()")
+        buttons = [self.table[int(actions[a])] if a in actions else self.table[0] for a in self.possible_agents]
+        before = self._vars
+        try:
+            variables, finished, time_up = self._take(self.match.step(buttons, self.cfg.frame_skip))
+        except DoomPlayerError as exc:
+            self._restart_or_raise(exc)
+            # The interrupted episode is cut here: it ends truncated, with its last observation.
+            zeros = {a: 0.0 for a in self.agents}
+            trunc = {a: True for a in self.agents}
+            infos = self._infos()
+            self.agents = []
+            return self._observations(), zeros, {a: False for a in trunc}, trunc, infos
+        self._vars = variables
+        self._tics += self.cfg.frame_skip
+        player, shared = reward_parts(before, variables, self.cfg.reward)
+        rewards = {a: float(player[i] + shared) for i, a in enumerate(self.possible_agents)}
+        terminations = {a: finished and not time_up for a in self.agents}
+        truncations = {a: finished and time_up for a in self.agents}
+        infos = self._infos(player, shared)
+        if finished:
+            self.agents = []
+        return self._observations(), rewards, terminations, truncations, infos
+
+    def _restart_or_raise(self, exc: DoomPlayerError) -> None:
+        if not self.cfg.restart_on_failure:
+            raise exc
+        self.restarts += 1
+        log.warning("%s; restarting the match (restart %d of this env)", exc, self.restarts)
+        self.match.close(grace=0.0)
+        self.match.start()
+
+    def render(self) -> np.ndarray:
+        """Every player's screen side by side, ``[H, N * W, 3]`` uint8 RGB."""
+        rgb = np.repeat(self._screens, 3, axis=1) if self._channels == 1 else self._screens
+        return np.concatenate(list(rgb.transpose(0, 2, 3, 1)), axis=1)
+
+    def close(self) -> None:
+        self.match.close()
+
+    def __reduce__(self):
+        # The game lives in engine processes, not in this object; an unpicklable env makes a resume
+        # start fresh episodes instead of continuing a desynchronised copy.
+        raise TypeError("a DoomCoopEnv cannot be pickled: its state lives in the game engines")

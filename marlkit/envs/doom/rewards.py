@@ -1,0 +1,66 @@
+"""Rewards from changes in game variables, split into a per-player and a shared part.
+
+Measured in co-op games: ``DAMAGECOUNT`` (damage dealt), ``DEATHCOUNT``, ``HEALTH`` and ammo are
+each player's own, while ``KILLCOUNT`` is the level's count of dead monsters and reads the same for
+every player (kills by monster infighting included), so kills are a team reward. ViZDoom's own
+reward settings are not used: its death penalty is charged on every tic a player is dead, and its
+kill reward and the scenarios' script rewards are shared the same way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from marlkit.envs.doom.worker import VARIABLES
+
+_I = {name: i for i, name in enumerate(VARIABLES)}
+AMMO = [_I[f"AMMO{i}"] for i in range(10)]
+
+
+@dataclass
+class RewardWeights:
+    """Reward per unit change of a game variable over one step."""
+
+    kills: float = 1.0      # shared: each monster killed by anyone (team KILLCOUNT)
+    damage: float = 0.01    # per player: damage dealt, per hit point
+    deaths: float = -1.0    # per player: each death
+    health: float = 0.0     # per player: health gained (lost when negative), while alive
+    ammo: float = 0.0       # per player: ammo gained (spent when negative), summed over ammo types, while alive
+
+
+def player_stats(v: np.ndarray) -> dict[str, float]:
+    """One player's numbers for ``info``; counters (kills, deaths, damage, hits) are episode totals."""
+    return {"health": float(v[_I["HEALTH"]]), "armor": float(v[_I["ARMOR"]]),
+            "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": float(v[_I["KILLCOUNT"]]),
+            "deaths": float(v[_I["DEATHCOUNT"]]), "damage": float(v[_I["DAMAGECOUNT"]]),
+            "hits": float(v[_I["HITCOUNT"]]), "dead": bool(v[_I["DEAD"]])}
+
+
+def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tuple[np.ndarray, float]:
+    """``before``/``after``: ``[N, len(VARIABLES)]`` game variables of the N players around one
+    step. Returns (per-player part ``[N]``, shared part). Health and ammo jump back to their start
+    values on respawn, so their changes count only while the player stays alive through the step."""
+    d = after - before
+    died = d[:, _I["DEATHCOUNT"]] > 0
+    alive = (before[:, _I["DEAD"]] == 0) & (after[:, _I["DEAD"]] == 0) & ~died
+    # HEALTH has been seen to read -999900 for a dead player; clip before taking the change.
+    health = np.clip(after[:, _I["HEALTH"]], 0, 200) - np.clip(before[:, _I["HEALTH"]], 0, 200)
+    ammo = after[:, AMMO].sum(1) - before[:, AMMO].sum(1)
+    player = (w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
+              + np.where(alive, w.health * health + w.ammo * ammo, 0.0))
+    shared = w.kills * float(d[0, _I["KILLCOUNT"]])
+    return player.astype(np.float32), shared
+
+
+def state_features(v: np.ndarray) -> np.ndarray:
+    """``[N, len(VARIABLES)]`` -> ``[N, 8]`` float32 features of each player for the ``variables``
+    global state: health, armor, ammo, dead, position, heading (as cos/sin), roughly in [-1, 1]."""
+    angle = np.deg2rad(v[:, _I["ANGLE"]])
+    return np.stack([np.clip(v[:, _I["HEALTH"]], 0, 200) / 100.0, v[:, _I["ARMOR"]] / 100.0,
+                     v[:, AMMO].sum(1) / 200.0, v[:, _I["DEAD"]],
+                     v[:, _I["POSITION_X"]] / 2000.0, v[:, _I["POSITION_Y"]] / 2000.0,
+                     np.cos(angle), np.sin(angle)], 1).astype(np.float32)
+
+
+STATE_FEATURES = 8

@@ -1,0 +1,166 @@
+"""One player's ViZDoom game in its own process.
+
+The worker owns one ``DoomGame``, whose engine is a child process of the worker. Both live in a
+process group of their own (the worker calls ``setpgid`` before the engine starts), so that one
+``killpg`` removes the pair. Engines never notice that their controller died and ignore SIGTERM,
+so the worker makes sure they go with it:
+
+- SIGTERM (a parent's ``terminate()``, multiprocessing's exit handler) kills the group;
+- a watchdog thread kills the group as soon as the parent process is gone, even while the main
+  thread is blocked inside ``make_action`` waiting on a peer that will never answer;
+- the parent kills the group in ``close()`` after a short grace period.
+
+Lockstep: in a network game every engine needs every peer's input for each tic, and more than
+2 tics per barrier hangs the engines (measured: ``make_action(a, 3 or 4)`` deadlocked within a few
+dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
+of at most 2 tics, with a barrier shared by the players of one match between chunks.
+
+This module imports neither torch nor marlkit, so a worker starts in a fraction of a second.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+TICS_PER_BARRIER = 2
+VARIABLES = ["KILLCOUNT", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
+             "DAMAGE_TAKEN", "DEAD", "POSITION_X", "POSITION_Y", "ANGLE",
+             *(f"AMMO{i}" for i in range(10))]
+"""Game variables every player reports, in this order (rewards, info and the global state use them)."""
+
+
+@dataclass
+class PlayerSettings:
+    """Everything one player's worker needs; picklable, so it crosses the process boundary."""
+
+    player: int
+    players: int
+    port: int
+    config: str                       # absolute path of the scenario .cfg
+    work_dir: str                     # ViZDoom writes _vizdoom.ini, _vizdoom/ and crash logs here
+    resolution: str = "RES_160X120"
+    grayscale: bool = True
+    buttons: list[str] = field(default_factory=list)
+    doom_map: str | None = None
+    skill: int | None = None
+    episode_timeout: int | None = None
+    host_args: list[str] = field(default_factory=list)
+    join_args: list[str] = field(default_factory=list)
+    connect_timeout: int = 10
+    barrier_timeout: float = 10.0
+
+
+def _kill_group(*_):
+    os.killpg(0, signal.SIGKILL)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while True:
+        if os.getppid() != parent_pid:
+            _kill_group()
+        time.sleep(0.2)
+
+
+def build_game(s: PlayerSettings):
+    import vizdoom as vzd
+    game = vzd.DoomGame()
+    game.load_config(s.config)
+    if s.doom_map:
+        game.set_doom_map(s.doom_map)
+    if s.skill is not None:
+        game.set_doom_skill(s.skill)
+    game.set_doom_config_path(os.path.join(s.work_dir, "_vizdoom.ini"))
+    game.set_mode(vzd.Mode.PLAYER)   # some scenario files (cig, multi) set ASYNC_PLAYER
+    game.set_window_visible(False)
+    game.set_sound_enabled(False)
+    game.set_screen_resolution(getattr(vzd.ScreenResolution, s.resolution))
+    game.set_screen_format(vzd.ScreenFormat.GRAY8 if s.grayscale else vzd.ScreenFormat.CRCGCB)
+    if s.buttons:
+        game.set_available_buttons([getattr(vzd.Button, b) for b in s.buttons])
+    game.set_available_game_variables([getattr(vzd.GameVariable, v) for v in VARIABLES])
+    if s.episode_timeout is not None:
+        game.set_episode_timeout(s.episode_timeout)
+    if s.player == 0:
+        # Respawning through the engine: respawn_player() loops tics until the player is alive,
+        # and those tics need the peers, who are waiting on us -> deadlock in lockstep.
+        args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", "+sv_forcerespawn 1",
+                "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
+    else:
+        args = [f"-join 127.0.0.1 -port {s.port}", *s.join_args]
+    game.add_game_args(" ".join([*args, f"+name P{s.player}", f"+colorset {s.player % 8}"]))
+    return game
+
+
+class _Player:
+    def __init__(self, game, s: PlayerSettings, barrier):
+        self.game, self.s, self.barrier = game, s, barrier
+        shape = (game.get_screen_height(), game.get_screen_width())
+        self.screen = np.zeros(shape if s.grayscale else (3, *shape), np.uint8)
+        self.variables = np.zeros(len(VARIABLES), np.float64)
+        self.n_buttons = game.get_available_buttons_size()
+
+    def observe(self) -> tuple:
+        """(screen ``[H, W]`` gray or ``[3, H, W]`` RGB, variables, episode finished, time limit
+        reached); a finished episode has no state any more, so the last screen and variables are
+        repeated."""
+        state = self.game.get_state()
+        if state is not None:
+            self.screen = state.screen_buffer
+            self.variables = np.asarray(state.game_variables, np.float64)
+        finished = self.game.is_episode_finished()
+        return self.screen, self.variables, finished, finished and self.game.is_episode_timeout_reached()
+
+    def step(self, buttons: list, tics: int) -> tuple:
+        for done_tics in range(0, tics, TICS_PER_BARRIER):
+            if done_tics:
+                self.barrier.wait(self.s.barrier_timeout)
+            if not self.game.is_episode_finished():
+                self.game.make_action(buttons, min(TICS_PER_BARRIER, tics - done_tics))
+        return self.observe()
+
+    def reset(self, seed: int | None) -> tuple:
+        if seed is not None:
+            self.game.set_seed(int(seed) % (2 ** 31))
+        self.game.new_episode()   # every player must call it; it returns once all have
+        return self.observe()
+
+
+def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
+    """Worker entry point: serve ``reset``/``step``/``close`` commands from the parent."""
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent owns Ctrl+C and stops us in order
+    signal.signal(signal.SIGTERM, _kill_group)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    os.chdir(settings.work_dir)    # crash logs land in the current directory whatever the config says
+    game = None
+    try:
+        game = build_game(settings)
+        game.init()
+        player = _Player(game, settings, barrier)
+        conn.send(("ready", {"buttons": player.n_buttons, "screen": player.screen.shape}))
+        while True:
+            try:
+                cmd, arg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if cmd == "step":
+                action, tics = arg
+                conn.send(("ok", player.step(action, tics)))
+            elif cmd == "reset":
+                conn.send(("ok", player.reset(arg)))
+            elif cmd == "close":
+                break
+    except Exception as exc:   # reported to the parent, which names the env and the player
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except OSError:
+            pass
+    finally:
+        if game is not None:
+            game.close()
+        conn.close()

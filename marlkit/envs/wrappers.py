@@ -1,0 +1,173 @@
+"""Observation wrappers applied to any env when it is built, configured by generic ``env:`` keys.
+
+``env.resize: [H, W]`` resizes image observations ``[C, H, W]`` (and an image ``state`` of the
+same height and width); ``env.frame_stack: K`` stacks each agent's last K observations along the
+channel axis, ``[C, H, W] -> [K * C, H, W]``. Both work on the single-env contract
+(:class:`~marlkit.envs.core.MultiAgentEnv`), so they serve every env type and every vector env.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+from gymnasium import spaces
+
+from marlkit.config import ConfigError, EnvConfig
+from marlkit.envs.core import EnvSpec, GroupSpec, MultiAgentEnv, Observation
+
+
+class EnvWrapper(MultiAgentEnv):
+    """Forwards everything to ``env``; subclasses change the spec and the observations."""
+
+    def __init__(self, env: MultiAgentEnv):
+        self.env = env
+        self.spec = env.spec
+
+    def observe(self, ob: Observation, first: bool) -> Observation:
+        return ob
+
+    def reset(self, seed: int | None = None) -> Observation:
+        return self.observe(self.env.reset(seed=seed), first=True)
+
+    def step(self, actions):
+        ob, reward, terminated, truncated, done = self.env.step(actions)
+        return self.observe(ob, first=False), reward, terminated, truncated, done
+
+    def render(self):
+        return self.env.render()
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __getattr__(self, name):
+        if name == "env":  # not yet set (unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+def _image_box(space: spaces.Space, key: str) -> spaces.Box:
+    if not isinstance(space, spaces.Box) or len(space.shape) != 3:
+        raise ConfigError(f"{key} needs image observations [C, H, W]; this env's are {space}")
+    return space
+
+
+def _with_obs_spaces(spec: EnvSpec, make) -> EnvSpec:
+    groups = {g: GroupSpec(gs.name, gs.agents, make(gs.observation_space), gs.action_space)
+              for g, gs in spec.groups.items()}
+    return EnvSpec(groups, spec.state_shape, spec.render_fps, spec.state_dtype)
+
+
+def resize_images(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Resize ``[..., H, W]`` to ``[..., h, w]``: area averaging when both factors are whole
+    numbers (e.g. 120x160 -> 60x80), nearest pixel otherwise. Keeps the dtype."""
+    H, W = x.shape[-2:]
+    h, w = size
+    if (H, W) == (h, w):
+        return x
+    if H % h == 0 and W % w == 0:
+        fh, fw = H // h, W // w
+        blocks = x.reshape(*x.shape[:-2], h, fh, w, fw)
+        mean = blocks.mean(axis=(-3, -1), dtype=np.float32)
+        return (mean + 0.5).astype(x.dtype) if np.issubdtype(x.dtype, np.integer) else mean.astype(x.dtype)
+    rows = (np.arange(h) * H // h)
+    cols = (np.arange(w) * W // w)
+    return x[..., rows[:, None], cols]
+
+
+class ResizeObservation(EnvWrapper):
+    def __init__(self, env: MultiAgentEnv, size: tuple[int, int]):
+        super().__init__(env)
+        self.size = (int(size[0]), int(size[1]))
+        if min(self.size) < 1:
+            raise ConfigError(f"env.resize: {list(size)} must be two positive numbers [H, W]")
+
+        def resized(space):
+            box = _image_box(space, "env.resize")
+            return spaces.Box(box.low.min(), box.high.max(), (box.shape[0], *self.size), box.dtype)
+
+        self.spec = _with_obs_spaces(env.spec, resized)
+        first = next(iter(env.spec.groups.values())).obs_shape
+        state = env.spec.state_shape
+        self.resize_state = len(state) == 3 and state[1:] == first[1:]
+        if self.resize_state:
+            self.spec.state_shape = (state[0], *self.size)
+
+    def observe(self, ob: Observation, first: bool) -> Observation:
+        obs = {g: resize_images(o, self.size) for g, o in ob.obs.items()}
+        state = resize_images(ob.state, self.size) if self.resize_state else ob.state
+        final = getattr(ob, "final", None)
+        return replace(ob, obs=obs, state=state, **({"final": self.observe(final, first)} if final is not None else {}))
+
+
+class FrameStack(EnvWrapper):
+    """Each agent sees its last ``k`` observations, oldest first; the first observation of an
+    episode fills the whole stack."""
+
+    def __init__(self, env: MultiAgentEnv, k: int):
+        super().__init__(env)
+        self.k = k
+
+        def stacked(space):
+            box = _image_box(space, "env.frame_stack")
+            return spaces.Box(box.low.min(), box.high.max(), (box.shape[0] * k, *box.shape[1:]), box.dtype)
+
+        self.spec = _with_obs_spaces(env.spec, stacked)
+        self.frames: dict[str, np.ndarray] = {}
+
+    def observe(self, ob: Observation, first: bool) -> Observation:
+        out = {}
+        for g, o in ob.obs.items():   # o: [A, C, H, W]
+            c = o.shape[1]
+            if first or g not in self.frames:
+                self.frames[g] = np.concatenate([o] * self.k, axis=1)
+            else:
+                stack = self.frames[g]
+                stack[:, :-c] = stack[:, c:]
+                stack[:, -c:] = o
+            out[g] = self.frames[g].copy()
+        if getattr(ob, "final", None) is not None:
+            raise ConfigError("env.frame_stack: this env restarts single agents within an episode, "
+                              "which frame stacking does not support yet; set env.frame_stack: 1")
+        return replace(ob, obs=out)
+
+
+def wrap(env: MultiAgentEnv, cfg: EnvConfig) -> MultiAgentEnv:
+    """The wrappers an env config asks for, in a fixed order: resize, then frame stack."""
+    if cfg.resize is not None:
+        if len(cfg.resize) != 2:
+            raise ConfigError(f"env.resize: {cfg.resize} must be [H, W], e.g. [60, 80]")
+        env = ResizeObservation(env, tuple(cfg.resize))
+    if cfg.frame_stack > 1:
+        env = FrameStack(env, cfg.frame_stack)
+    return env
+
+
+class FlattenMultiDiscrete(EnvWrapper):
+    """MultiDiscrete actions as one Discrete over every joint choice (SoccerTwos: ``[3, 3, 3]`` ->
+    ``Discrete(27)``), for each group that has them. Joint action ``k`` is the mixed-radix number of
+    the branch choices (first branch most significant). It is allowed exactly when every one of its
+    branch choices is, so ``action_mask`` ``[A, sum(nvec)]`` becomes ``[A, prod(nvec)]`` with no
+    information lost (branch masks are independent by construction)."""
+
+    def __init__(self, env: MultiAgentEnv):
+        super().__init__(env)
+        self.table, self.columns = {}, {}
+        groups = {}
+        for g, gs in env.spec.groups.items():
+            if isinstance(gs.action_space, spaces.MultiDiscrete):
+                nvec = np.asarray(gs.action_space.nvec).reshape(-1)
+                self.table[g] = np.stack(np.unravel_index(np.arange(int(np.prod(nvec))), nvec), -1)   # [K, B]
+                self.columns[g] = self.table[g] + np.concatenate([[0], np.cumsum(nvec)[:-1]])        # into the mask
+                gs = replace(gs, action_space=spaces.Discrete(len(self.table[g])))
+            groups[g] = gs
+        self.spec = EnvSpec(groups, env.spec.state_shape, env.spec.render_fps, env.spec.state_dtype)
+
+    def _masks(self, masks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {g: m[..., self.columns[g]].all(-1) if g in self.columns else m for g, m in masks.items()}
+
+    def observe(self, ob: Observation, first: bool) -> Observation:
+        final = replace(ob.final, action_mask=self._masks(ob.final.action_mask)) if ob.final is not None else None
+        return replace(ob, action_mask=self._masks(ob.action_mask), final=final)
+
+    def step(self, actions):
+        return super().step({g: self.table[g][np.asarray(a)] if g in self.table else a for g, a in actions.items()})
