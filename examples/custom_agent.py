@@ -18,36 +18,28 @@ from marlkit.registry import register_agent
 
 @dataclass
 class EntropyDecayConfig(OnPolicyConfig):
-    # YAML: agents: {MAPPO_ENT_DECAY: {entropy_coef: 0.02, decay_updates: 500}}
-    decay_updates: int = field(default=1000, metadata={"min": 1})
+    # YAML: agents: {MAPPO_ENT_DECAY: {entropy_coef: 0.02, decay_until: 0.5}}
+    decay_until: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
 
 
 @register_agent("MAPPO_ENT_DECAY")
 class EntropyDecayMAPPO(MAPPO):
-    """MAPPO whose entropy coefficient falls linearly to 0 over ``decay_updates`` updates."""
+    """MAPPO whose entropy coefficient falls linearly to 0 by the fraction ``decay_until`` of
+    ``runner.total_steps``; the runner hands ``update`` the training progress, so the schedule
+    needs no state of its own and resumes exactly."""
 
     config_cls = EntropyDecayConfig
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.start_entropy_coef = self.cfg.entropy_coef
-        self.updates_done = 0
 
-    def update(self, bootstrap):
-        fraction = min(self.updates_done / self.cfg.decay_updates, 1.0)
-        self.cfg.entropy_coef = self.start_entropy_coef * (1.0 - fraction)
-        self.updates_done += 1
-        metrics = super().update(bootstrap)
+    def update(self, bootstrap, progress=None):
+        done = progress.fraction / self.cfg.decay_until if progress is not None and self.cfg.decay_until else 0.0
+        self.cfg.entropy_coef = self.start_entropy_coef * max(1.0 - done, 0.0)
+        metrics = super().update(bootstrap, progress)
         metrics["entropy_coef"] = self.cfg.entropy_coef
         return metrics
-
-    def state_dict(self):
-        return {**super().state_dict(), "updates_done": self.updates_done}
-
-    def load_state_dict(self, state, weights_only=False):
-        super().load_state_dict(state, weights_only)
-        if not weights_only:
-            self.updates_done = state["updates_done"]
 
 
 if __name__ == "__main__":

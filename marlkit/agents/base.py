@@ -3,7 +3,9 @@
 ``Agent`` is the whole interface the runner uses: ``act``, ``store``, ``update``, ``state_dict`` /
 ``load_state_dict``. ``OnPolicyAgent`` collects rollouts, computes GAE advantages (with value
 normalisation and masked agent slots) and runs epochs of minibatch updates; an algorithm on top of
-it builds its networks and writes ``policy``, ``values`` and ``loss``.
+it builds its networks and writes ``policy``, ``values`` and ``loss``, and may override the hooks
+where it differs: ``sample`` (how ``act`` picks actions), ``estimate_values`` / ``targets`` /
+``normalize_advantages`` (the three parts of ``training_data``) and ``after_update``.
 """
 from __future__ import annotations
 
@@ -54,6 +56,19 @@ class Bootstrap:
     hidden: np.ndarray | None
 
 
+@dataclass
+class Progress:
+    """How far training is when ``update`` runs: env steps collected so far (this rollout
+    included) out of the run's ``total_steps``; schedules read ``fraction``."""
+
+    steps: int
+    total_steps: int
+
+    @property
+    def fraction(self) -> float:
+        return min(self.steps / max(self.total_steps, 1), 1.0)
+
+
 class Agent:
     """Controls one group of agents in ``E`` envs. Subclass and ``@register_agent`` to add one."""
 
@@ -83,7 +98,7 @@ class Agent:
     def store(self, step: Transition) -> None:
         """Keep one transition; agents that do not learn ignore it."""
 
-    def update(self, bootstrap: Bootstrap) -> dict[str, float]:
+    def update(self, bootstrap: Bootstrap, progress: Progress | None = None) -> dict[str, float]:
         """Learn from the stored rollout; returns metrics to log."""
         return {}
 
@@ -191,7 +206,20 @@ class OnPolicyAgent(Agent):
         raise NotImplementedError
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``batch`` holds ``training_data``'s arrays as ``[L, B, ...]``; the agent dimension is kept
+        whole, so ``batch["actions"]`` ``[L, B, A, ...]`` is the stored joint action of each sample."""
         raise NotImplementedError
+
+    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool):
+        """Pick actions for ``[1, E, A, ...]`` inputs (``hidden`` is the actor's ``[E, A, H]``).
+        -> (actions ``[1, E, A, ...]``, their log-probs ``[1, E, A]``, next actor hidden or None,
+        normalised values ``[1, E, A]`` when picking them computed values anyway, else None)."""
+        dist, hidden = self.policy(obs, state, hidden, None, action_mask)
+        action = dist.sample(self.generator) if explore else dist.mode()
+        return action, dist.log_prob(action), hidden, None
+
+    def after_update(self, progress: Progress | None) -> None:
+        """Runs once after every ``update``'s gradient steps (e.g. a target-network sync)."""
 
     @property
     def critic_acts_online(self) -> bool:
@@ -224,12 +252,11 @@ class OnPolicyAgent(Agent):
         s = self.tensor(state).unsqueeze(0)
         m = self.tensor(action_mask).unsqueeze(0) if self.group.n_actions else None
         h_actor, h_critic = self.split_hidden(self.tensor(hidden) if hidden is not None else None)
-        dist, h_actor = self.policy(o, s, h_actor, None, m)
-        action = dist.sample(self.generator) if explore else dist.mode()
-        log_prob = dist.log_prob(action)
+        action, log_prob, h_actor, v = self.sample(o, s, self.tensor(agent_mask).unsqueeze(0), m, h_actor, explore)
         value = next_hidden = None
-        if self.critic_acts_online:
+        if v is None and self.critic_acts_online:
             v, h_critic = self.values(o, s, h_critic, None)
+        if v is not None:
             value = self._denormalize(v)[0].cpu().numpy()
         if self.recurrent:
             next_hidden = torch.stack([h_actor if h_actor is not None else torch.zeros_like(h_critic),
@@ -249,7 +276,7 @@ class OnPolicyAgent(Agent):
         v, _ = self.values(self.tensor(obs).unsqueeze(0), self.tensor(state).unsqueeze(0), h, None)
         return self._denormalize(v)[0].cpu().numpy()
 
-    def update(self, bootstrap: Bootstrap) -> dict[str, float]:
+    def update(self, bootstrap: Bootstrap, progress: Progress | None = None) -> dict[str, float]:
         if not self.buffer.full:
             raise RuntimeError(f"update() called after {self.buffer.step} of {self.buffer.horizon} steps")
         data = self.training_data(bootstrap)
@@ -257,15 +284,57 @@ class OnPolicyAgent(Agent):
         present = self.buffer.agent_mask
         if present.any():
             metrics["value_mean"] = float(self.buffer.value[present].mean())
+        self.after_update(progress)
         self.buffer.reset()
         return metrics
 
     def training_data(self, bootstrap: Bootstrap) -> dict[str, np.ndarray]:
-        """Values, GAE advantages and returns for the full buffer, as ``[T, E, ...]`` arrays."""
-        buf, cfg = self.buffer, self.cfg
-        T, E = buf.horizon, buf.num_envs
+        """Everything ``loss`` sees, as ``[T, E, ...]`` arrays: the stored rollout, ``targets``'
+        arrays (advantages, returns, ...) and the episode starts."""
+        buf = self.buffer
         episode_start = buf.episode_start(self._episode_start)
         self._episode_start = buf.episode_end[-1].copy()
+        last_value, truncation_value = self.estimate_values(bootstrap)
+        targets = self.targets(bootstrap, last_value, truncation_value)
+        targets["advantages"] = self.normalize_advantages(targets["advantages"])
+        data = {"obs": buf.obs, "state": buf.state, "agent_mask": buf.agent_mask, "action_mask": buf.action_mask,
+                "actions": buf.actions, "log_prob": buf.log_prob, **targets, "episode_start": episode_start,
+                **buf.extras}
+        if buf.hidden is not None:
+            data["hidden"] = buf.hidden
+        return data
+
+    def finals(self) -> dict[str, np.ndarray] | None:
+        """The rollout's truncation finals stacked as ``[N, ...]`` arrays (``t``, ``e``, ``obs``,
+        ``state``, ``agent_mask``: the slots cut there, ``hidden``), or None when there are none."""
+        buf = self.buffer
+        if not buf.finals:
+            return None
+        ts, es, fobs, fstate, fhidden = zip(*buf.finals)
+        ts, es = np.array(ts), np.array(es)
+        cut = buf.truncated[ts, es] & buf.agent_mask[ts, es] & ~buf.terminated[ts, es]
+        return {"t": ts, "e": es, "obs": np.stack(fobs), "state": np.stack(fstate), "agent_mask": cut,
+                "hidden": np.stack(fhidden) if self.recurrent else None}
+
+    @torch.no_grad()
+    def joint_actions(self, obs, state, agent_mask, action_mask, hidden) -> np.ndarray:
+        """The joint actions ``[N, A, ...]`` the current policy picks at ``N`` observations (e.g. the
+        bootstrap step or truncation finals, where a Q-critic needs Q(s, u)); ``action_mask`` None
+        allows every action (the env hands no mask with a final observation)."""
+        h_actor = self.split_hidden(self.tensor(hidden))[0] if hidden is not None else None
+        m = None
+        if self.group.n_actions:
+            m = self.tensor(action_mask if action_mask is not None else
+                            np.ones(agent_mask.shape + (self.group.n_actions,), bool)).unsqueeze(0)
+        action, _, _, _ = self.sample(self.tensor(obs).unsqueeze(0), self.tensor(state).unsqueeze(0),
+                                      self.tensor(agent_mask).unsqueeze(0), m, h_actor, True)
+        return action[0].cpu().numpy()
+
+    def estimate_values(self, bootstrap: Bootstrap) -> tuple[np.ndarray, np.ndarray]:
+        """Fill ``buffer.value`` (real scale) unless acting did; -> (the bootstrap value ``[E, A]``,
+        the truncation values ``[T, E, A]``: the value of each cut slot's final observation)."""
+        buf = self.buffer
+        T, E = buf.horizon, buf.num_envs
         if not buf.has_values:
             flat_obs = buf.obs.reshape(T * E, *buf.obs.shape[2:])
             flat_state = buf.state.reshape(T * E, *buf.state.shape[2:])
@@ -273,27 +342,31 @@ class OnPolicyAgent(Agent):
         last_value = np.where(bootstrap.agent_mask, self._value_of(bootstrap.obs, bootstrap.state, bootstrap.hidden),
                               last_present_value(buf.value, buf.agent_mask))
         truncation_value = np.zeros_like(buf.value)
-        if buf.finals:
-            ts, es, fobs, fstate, fhidden = zip(*buf.finals)
-            hidden = np.stack(fhidden) if self.recurrent else None
-            truncation_value[list(ts), list(es)] = self._value_of(np.stack(fobs), np.stack(fstate), hidden)
+        finals = self.finals()
+        if finals is not None:
+            truncation_value[finals["t"], finals["e"]] = self._value_of(finals["obs"], finals["state"],
+                                                                        finals["hidden"])
+        return last_value, truncation_value
+
+    def targets(self, bootstrap: Bootstrap, last_value: np.ndarray, truncation_value: np.ndarray) -> dict:
+        """GAE over ``buffer.value`` -> ``advantages``, ``returns`` (real scale) and ``old_value``
+        (normalised, for value clipping); updates the value normaliser with the returns."""
+        buf, cfg = self.buffer, self.cfg
         advantages, returns = compute_gae(buf.reward, buf.value, buf.terminated, buf.truncated, buf.episode_end,
                                           buf.agent_mask, truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
-        present = buf.agent_mask
         old_value = self.tensor(buf.value)
         if self.value_norm is not None:
             old_value = self.value_norm.normalize(old_value)
-            self.value_norm.update(self.tensor(returns[present]))
-        if cfg.advantage_norm and present.any():
+            self.value_norm.update(self.tensor(returns[buf.agent_mask]))
+        return {"advantages": advantages, "returns": returns, "old_value": old_value.cpu().numpy()}
+
+    def normalize_advantages(self, advantages: np.ndarray) -> np.ndarray:
+        """Zero mean, unit std over present slots (``advantage_norm``); absent slots get 0."""
+        present = self.buffer.agent_mask
+        if self.cfg.advantage_norm and present.any():
             mean, std = advantages[present].mean(), advantages[present].std()
             advantages = np.where(present, (advantages - mean) / (std + 1e-8), 0.0).astype(np.float32)
-
-        data = {"obs": buf.obs, "state": buf.state, "agent_mask": present, "action_mask": buf.action_mask,
-                "actions": buf.actions, "log_prob": buf.log_prob, "old_value": old_value.cpu().numpy(),
-                "advantages": advantages, "returns": returns, "episode_start": episode_start, **buf.extras}
-        if buf.hidden is not None:
-            data["hidden"] = buf.hidden
-        return data
+        return advantages
 
     def optimise(self, data: dict[str, np.ndarray]) -> dict[str, float]:
         """``epochs`` passes of minibatch gradient steps on ``loss``; returns the mean metrics."""

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from marlkit.agents.base import Agent, Bootstrap, TrainingDivergedError
+from marlkit.agents.base import Agent, Bootstrap, Progress, TrainingDivergedError
 from marlkit.buffers import Transition
 from marlkit.config import ConfigError, RunConfig, save_config
 from marlkit.envs.core import EnvAPIError, Observation
@@ -276,7 +276,7 @@ class Runner:
                 metrics = {}
                 for g in learners:
                     update = self.agents[g].update(Bootstrap(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g],
-                                                   hidden[g]))
+                                                   hidden[g]), Progress(state["steps"], rc.total_steps))
                     metrics.update({f"{g}/{k}": v for k, v in update.items()})
                 state.update(obs=obs, hidden=hidden, updates=state["updates"] + 1)
                 if state["recent"]:
