@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 from gymnasium import spaces
@@ -53,6 +53,10 @@ class UnityConfig(EnvConfig):
     group_reward_weight: float = 1.0
     flatten_actions: bool = False                # MultiDiscrete -> one Discrete with the joint action mask
     max_agents: dict[str, int] = field(default_factory=dict)   # slots per group for agents that appear later
+
+
+class UnityEnvError(RuntimeError):
+    """The scene did not connect, stopped answering or exited; its process is gone when this is raised."""
 
 
 def _import_mlagents():
@@ -149,7 +153,7 @@ class UnityEnv(MultiAgentEnv):
 
     def __init__(self, cfg: UnityConfig, index: int = 0):
         environment = _import_mlagents()
-        from mlagents_envs.exception import UnityWorkerInUseException
+        from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
         from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
         from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel
 
@@ -180,13 +184,35 @@ class UnityEnv(MultiAgentEnv):
             except UnityWorkerInUseException:
                 if cfg.base_port is not None or attempt == 4:
                     raise
+            except UnityTimeOutException:  # mlagents has already killed the process it launched
+                where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
+                raise UnityEnvError(f"unity env {index}: {where} did not connect to port {base_port or 5004} "
+                                    f"within env.timeout_wait={cfg.timeout_wait} s") from None
+            except UnityEnvironmentException as exc:  # no such file, or the process exited before connecting
+                raise UnityEnvError(f"unity env {index}: env.file_name={cfg.file_name!r} could not be started "
+                                    f"or exited before connecting: {exc}") from None
         self.port = self._env._port
         try:
-            self._env.reset()
+            self._call(self._env.reset, "resetting")
             self._build_spec()
         except BaseException:
             self.close()
             raise
+
+    def _call(self, fn, what: str):
+        """Run one exchange with the scene; a scene that stops answering or exits becomes a
+        :class:`UnityEnvError` (after its process is stopped)."""
+        from mlagents_envs.exception import UnityCommunicatorStoppedException, UnityEnvironmentException, \
+            UnityTimeOutException
+        try:
+            return fn()
+        except UnityTimeOutException:
+            problem = f"did not answer within env.timeout_wait={self.cfg.timeout_wait} s"
+        except (UnityEnvironmentException, UnityCommunicatorStoppedException) as exc:
+            problem = f"is gone ({exc})"
+        self.close()
+        raise UnityEnvError(f"unity env {self.index} (port {self.port}, file_name {self.cfg.file_name!r}) "
+                            f"{problem} while {what}")
 
     # ------------------------------------------------------------------ spec
 
@@ -219,7 +245,7 @@ class UnityEnv(MultiAgentEnv):
         if self._first is not None:
             first, self._first = self._first, None
             return first
-        self._env.reset()
+        self._call(self._env.reset, "resetting")
         return self._observe()[0]
 
     def step(self, actions: dict[str, np.ndarray]):
@@ -234,7 +260,7 @@ class UnityEnv(MultiAgentEnv):
                 self._env.set_actions(beh.name, ActionTuple(discrete=discrete))
             else:
                 self._env.set_actions(beh.name, ActionTuple(continuous=chosen.astype(np.float32)))
-        self._env.step()
+        self._call(self._env.step, "stepping")
         ob, reward, terminated, truncated = self._observe()
         return ob, reward, terminated, truncated, False
 

@@ -1,0 +1,220 @@
+"""The Unity adapter against a real ML-Agents client/server pair: ``UnityEnvironment`` launches the
+stand-in under ``tests/unity_standin/`` as the build and they talk gRPC over a loopback socket."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "unity_standin"))
+from standin import masked_choices  # noqa: E402
+
+from marlkit.envs.unity import UnityConfig, UnityEnv  # noqa: E402
+from marlkit.envs.unity.env import UnityEnvError, group_names  # noqa: E402
+
+STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
+
+
+@pytest.fixture(autouse=True)
+def standin_python(monkeypatch):
+    monkeypatch.setenv("UNITY_STANDIN_PYTHON", sys.executable)
+
+
+def standin_pids(tag: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if tag.encode() in cmdline:
+                pids.append(int(entry))
+    return pids
+
+
+def make(tmp_path=None, *args, tag: str | None = None, **kwargs) -> tuple[UnityEnv, str]:
+    """A stand-in scene; ``tag`` (an extra launch argument) finds its process later."""
+    tag = tag or uuid.uuid4().hex
+    extra = ["--tag", tag, *args]
+    if tmp_path is not None:
+        extra += ["--log", str(tmp_path / "actions.jsonl")]
+    cfg = UnityConfig(file_name=STANDIN, timeout_wait=kwargs.pop("timeout_wait", 20), additional_args=extra, **kwargs)
+    return UnityEnv.from_config(cfg), tag
+
+
+def agent_ids(env, g: str) -> list[int]:
+    return [int(name.rsplit("=", 1)[1]) for name in env.spec.groups[g].agents]
+
+
+def random_allowed(rng, mask: np.ndarray, nvec=(3, 3, 3)) -> np.ndarray:
+    """One allowed choice per branch for every agent of ``mask`` ``[A, sum(nvec)]``."""
+    out = np.zeros((len(mask), len(nvec)), np.int64)
+    for a, row in enumerate(mask):
+        for b, part in enumerate(np.split(row, np.cumsum(nvec)[:-1])):
+            out[a, b] = rng.choice(np.flatnonzero(part))
+    return out
+
+
+def read_log(tmp_path) -> list[dict]:
+    return [json.loads(line) for line in (tmp_path / "actions.jsonl").read_text().splitlines()]
+
+
+def test_soccer_style_behaviours_map_to_team_groups():
+    assert group_names(["SoccerTwos?team=1", "SoccerTwos?team=0"]) == {"SoccerTwos?team=1": "team_1",
+                                                                       "SoccerTwos?team=0": "team_0"}
+    assert group_names(["Striker?team=0", "Goalie?team=0"]) == {"Striker?team=0": "Striker_team_0",
+                                                                 "Goalie?team=0": "Goalie_team_0"}
+    assert group_names(["3DBall"]) == {"3DBall": "3DBall"}
+
+
+def test_spec_slots_and_masks_match_the_scene(tmp_path):
+    env, tag = make(tmp_path, "--fields", "2")
+    try:
+        spec = env.spec
+        assert list(spec.groups) == ["team_0", "team_1"]
+        assert agent_ids(env, "team_0") == [0, 1, 4, 5] and agent_ids(env, "team_1") == [2, 3, 6, 7]
+        gs = spec.groups["team_0"]
+        assert gs.obs_shape == (11,) and list(gs.action_space.nvec) == [3, 3, 3] and gs.n_actions == 9
+        assert spec.state_shape == (2 * 4 * 11,)
+        ob = env.reset()
+        for g in spec.groups:
+            for slot, agent_id in enumerate(agent_ids(env, g)):
+                # sensor 0 then sensor 1, concatenated: [id, field, step, episode, last action x3, 1, team, slot, .5]
+                assert ob.obs[g][slot][0] == agent_id and ob.obs[g][slot][8] == int(g[-1])
+                expected = np.ones(9, bool)
+                for b, c in masked_choices(agent_id, 0):
+                    expected[3 * b + c] = False
+                np.testing.assert_array_equal(ob.action_mask[g][slot], expected)
+        np.testing.assert_array_equal(ob.state, np.concatenate([ob.obs["team_0"].ravel(), ob.obs["team_1"].ravel()]))
+    finally:
+        env.close()
+    assert standin_pids(tag) == []
+
+
+def test_actions_arrive_unchanged_and_masks_are_honoured(tmp_path):
+    env, _ = make(tmp_path, "--decision-period", "2")
+    rng = np.random.default_rng(0)
+    sent = []
+    try:
+        ob = env.reset()
+        for _ in range(12):
+            actions = {g: random_allowed(rng, ob.action_mask[g]) for g in env.spec.groups}
+            sent.append({agent_ids(env, g)[s]: actions[g][s].tolist()
+                         for g in actions for s in np.flatnonzero(ob.agent_mask[g])})
+            ob, *_ = env.step(actions)
+    finally:
+        env.close()
+    log = read_log(tmp_path)
+    assert len(log) == 12
+    for want, got in zip(sent, log):
+        assert {int(k): v["discrete"] for k, v in got["actions"].items()} == want
+        assert got["violations"] == 0
+    # agents 1 and 3 (field 0: 5-step episodes; decision period 2) act every other step of an episode
+    expected = [(t % 5) % 2 == 0 for t in range(12)]
+    assert [1 in s for s in sent] == expected and [3 in s for s in sent] == expected
+    assert all(0 in s for s in sent)
+
+
+def test_terminal_and_group_rewards_and_per_agent_episodes(tmp_path):
+    """Field 0 ends every 5 steps, field 1 every 7: the ending agents are terminated (goal) or
+    truncated (max step, every third episode), carry their final observation, and go on at once in
+    their next episode; rewards are the stand-in's 0.01 * sum(action) - 0.001 plus the group reward."""
+    env, _ = make(tmp_path, group_reward_weight=0.5)
+    rng = np.random.default_rng(1)
+    try:
+        ob = env.reset()
+        ends = 0
+        for t in range(1, 16):
+            actions = {g: random_allowed(rng, ob.action_mask[g]) for g in env.spec.groups}
+            nxt, reward, terminated, truncated, over = env.step(actions)
+            assert not over
+            for g in env.spec.groups:
+                team = int(g[-1])
+                for slot, agent_id in enumerate(agent_ids(env, g)):
+                    field, length = agent_id // 4, 5 + 2 * (agent_id // 4)
+                    ended = t % length == 0
+                    expected = 0.01 * actions[g][slot].sum() - 0.001
+                    if ended:
+                        episode = t // length - 1
+                        assert nxt.final is not None
+                        final, first = nxt.final.obs[g][slot], nxt.obs[g][slot]
+                        assert final[2] == length and final[3] == episode       # last obs of that episode
+                        assert first[2] == 0 and first[3] == episode + 1       # already the next one
+                        assert nxt.agent_mask[g][slot]                         # and it decides again
+                        by_max_step = episode % 3 == 2
+                        assert truncated[g][slot] == by_max_step and terminated[g][slot] == (not by_max_step)
+                        if not by_max_step:
+                            expected += 0.5 * (1.0 if team == episode % 2 else -1.0)
+                        ends += 1
+                    else:
+                        assert not (terminated[g][slot] or truncated[g][slot])
+                        if nxt.final is not None:
+                            np.testing.assert_array_equal(nxt.final.obs[g][slot], nxt.obs[g][slot])
+                    assert reward[g][slot] == pytest.approx(expected, abs=1e-5), (t, g, slot)
+            ob = nxt
+        assert ends == 3 * 4 + 2 * 4   # field 0 ended at 5, 10, 15 (the third by max step); field 1 at 7, 14
+    finally:
+        env.close()
+
+
+def test_flattened_actions_use_the_exact_joint_mask(tmp_path):
+    env, _ = make(tmp_path, flatten_actions=True)
+    rng = np.random.default_rng(2)
+    try:
+        assert env.spec.groups["team_0"].action_space.n == 27
+        ob = env.reset()
+        sent = []
+        for _ in range(6):
+            actions = {}
+            for g in env.spec.groups:
+                ids = agent_ids(env, g)
+                mask = ob.action_mask[g]
+                assert mask.shape == (4, 27)
+                for slot, agent_id in enumerate(ids):
+                    step = int(ob.obs[g][slot][2])
+                    forbidden = masked_choices(agent_id, step)
+                    brute = [all((b, c) not in forbidden for b, c in enumerate(np.unravel_index(k, (3, 3, 3))))
+                             for k in range(27)]
+                    np.testing.assert_array_equal(mask[slot], brute)
+                actions[g] = np.array([rng.choice(np.flatnonzero(row)) for row in mask])
+            sent.append({agent_ids(env, g)[s]: list(np.unravel_index(actions[g][s], (3, 3, 3)))
+                         for g in actions for s in range(4)})
+            ob, *_ = env.step(actions)
+    finally:
+        env.close()
+    for want, got in zip(sent, read_log(tmp_path)):
+        assert {int(k): v["discrete"] for k, v in got["actions"].items()} == {k: [int(x) for x in v]
+                                                                               for k, v in want.items()}
+        assert got["violations"] == 0
+
+
+@pytest.mark.parametrize("fault", ["die", "hang", "never"])
+def test_a_broken_scene_is_a_clear_error_within_the_timeout_and_leaves_no_process(fault):
+    args = {"die": ["--die-after", "2"], "hang": ["--hang-after", "2"], "never": ["--never-connect"]}[fault]
+    timeout = 3
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    with pytest.raises(UnityEnvError) as info:
+        env, _ = make(None, *args, tag=tag, timeout_wait=timeout)
+        for _ in range(5):
+            env.step({g: np.zeros((4, 3), np.int64) for g in env.spec.groups})
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    expected = {"die": "is gone", "hang": f"did not answer within env.timeout_wait={timeout}",
+                "never": "did not connect to port"}[fault]
+    assert expected in message and "unity env 0" in message
+    assert elapsed < 3 * timeout + 10, elapsed
+    time.sleep(0.2)
+    assert standin_pids(tag) == []
+
+
+def test_a_missing_build_is_named():
+    with pytest.raises(UnityEnvError, match="env.file_name='/no/such/build'"):
+        UnityEnv(UnityConfig(file_name="/no/such/build", timeout_wait=3))
