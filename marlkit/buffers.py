@@ -36,15 +36,20 @@ class Transition:
 
 
 class RolloutBuffer:
-    """Fixed-size storage for one group; every field is ``[T, E, A, ...]`` or ``[T, E, ...]``."""
+    """Fixed-size storage for one group; every field is ``[T, E, A, ...]`` or ``[T, E, ...]``.
+
+    ``state_shape=None`` is for agents that never read the global state: ``state`` is then an
+    empty ``[T, E, 0]`` array and the states handed in are not kept.
+    """
 
     def __init__(self, horizon: int, num_envs: int, n_agents: int, obs_shape: tuple, obs_dtype,
-                 state_shape: tuple, action_shape: tuple, action_dtype, n_actions: int,
+                 state_shape: tuple | None, action_shape: tuple, action_dtype, n_actions: int,
                  hidden_shape: tuple | None = None, state_dtype=np.float32):
         T, E, A = horizon, num_envs, n_agents
         self.horizon, self.num_envs, self.n_agents = T, E, A
         self.obs = np.zeros((T, E, A) + tuple(obs_shape), obs_dtype)
-        self.state = np.zeros((T, E) + tuple(state_shape), state_dtype)
+        self.stores_state = state_shape is not None
+        self.state = np.zeros((T, E) + (tuple(state_shape) if self.stores_state else (0,)), state_dtype)
         self.agent_mask = np.zeros((T, E, A), bool)
         self.action_mask = np.ones((T, E, A, n_actions), bool)
         self.actions = np.zeros((T, E, A) + tuple(action_shape), action_dtype)
@@ -69,7 +74,8 @@ class RolloutBuffer:
             raise RuntimeError("rollout buffer is full; call update() before storing more steps")
         t = self.step
         self.obs[t] = tr.obs
-        self.state[t] = tr.state
+        if self.stores_state:
+            self.state[t] = tr.state
         self.agent_mask[t] = tr.agent_mask
         if self.action_mask.shape[-1]:
             self.action_mask[t] = tr.action_mask
@@ -88,10 +94,11 @@ class RolloutBuffer:
             if key not in self.extras:
                 self.extras[key] = np.zeros((self.horizon,) + value.shape, value.dtype)
             self.extras[key][t] = value
-        cut = tr.truncated & tr.agent_mask & ~tr.terminated
+        cut = tr.truncated & ~tr.terminated   # present or not: an absent agent may be cut too (per-agent episodes)
         for e in np.flatnonzero(cut.any(-1)):
             hidden = tr.next_hidden[e].copy() if tr.next_hidden is not None else None
-            self.finals.append((t, e, tr.final_obs[e].copy(), tr.final_state[e].copy(), hidden))
+            state = tr.final_state[e].copy() if self.stores_state else self.state[t, e]
+            self.finals.append((t, e, tr.final_obs[e].copy(), state, hidden))
         self.step += 1
 
     def reset(self) -> None:
@@ -123,25 +130,32 @@ def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, t
     - termination: the successor is worth 0; truncation: it is worth ``truncation_value[t]``, the
       value of the final observation; either way the advantage does not flow across the cut;
     - masked slots (agent absent) get advantage 0 and are skipped: a present step takes its
-      successor's value and advantage from the agent's next present step in the same episode;
+      successor's value and advantage from the agent's next present step in the same episode, and
+      the rewards of the absent steps in between (an agent acting every k-th step is paid when it
+      next decides); an agent's episode may also end while it is absent (``terminated`` or
+      ``truncated`` there, per-agent episodes), which cuts it as if the cut were at its last action;
     - ``last_value`` ``[E, A]`` bootstraps the step after the rollout.
+    Time is counted in the agent's decisions: one ``gamma`` from a present step to the next.
     Returns (advantages, returns), both 0 where the agent is absent.
     """
     T = reward.shape[0]
     advantages = np.zeros_like(reward, dtype=np.float32)
     next_value = last_value.astype(np.float32).copy()
     next_adv = np.zeros_like(next_value)
+    pending = np.zeros_like(next_value)    # rewards of absent steps after t, owed to the last action
     for t in reversed(range(T)):
         present = agent_mask[t]
         env_end = episode_end[t][:, None] if episode_end.ndim == 2 else episode_end[t]
         ended = terminated[t] | truncated[t] | env_end
         successor = np.where(terminated[t], 0.0,
                              np.where(truncated[t], truncation_value[t], np.where(env_end, 0.0, next_value)))
-        delta = reward[t] + gamma * successor - value[t]
+        reward_t = reward[t] + np.where(ended, 0.0, pending)
+        delta = reward_t + gamma * successor - value[t]
         adv = delta + gamma * lam * np.where(ended, 0.0, next_adv)
         advantages[t] = np.where(present, adv, 0.0)
-        next_adv = np.where(present, adv, np.where(env_end, 0.0, next_adv))
-        next_value = np.where(present, value[t], np.where(env_end, 0.0, next_value))
+        next_adv = np.where(present, adv, np.where(ended, 0.0, next_adv))
+        next_value = np.where(present, value[t], np.where(ended, successor, next_value))
+        pending = np.where(present, 0.0, reward_t)
     returns = np.where(agent_mask, advantages + value, 0.0).astype(np.float32)
     return advantages, returns
 
@@ -152,16 +166,21 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
 
     Feed-forward agents use ``chunk_length=1`` (every (t, e) is a sample, L=1); recurrent agents
     train on chunks of L consecutive steps of one env, starting from the stored hidden state.
-    The agent dimension is kept, so a sample holds all agents of one env step together.
+    The agent dimension is kept, so a sample holds all agents of one env step together. Each
+    minibatch is gathered straight from the ``[T, E, ...]`` arrays: nothing but the minibatch
+    itself is copied, and every sample appears in exactly one minibatch per call.
     """
     first = next(iter(data.values()))
     T, E = first.shape[:2]
     L = chunk_length
     if T % L:
         raise ValueError(f"rollout length {T} is not a multiple of the chunk length {L}")
-    chunks = {k: v.reshape(T // L, L, E, *v.shape[2:]).swapaxes(1, 2).reshape(T // L * E, L, *v.shape[2:])
-              for k, v in data.items()}
+    tensors = {k: torch.from_numpy(v) for k, v in data.items()}
     n = (T // L) * E
     order = rng.permutation(n)
+    steps = np.arange(L)[:, None]
     for idx in np.array_split(order, min(num_minibatches, n)):
-        yield {k: torch.from_numpy(np.ascontiguousarray(v[idx].swapaxes(0, 1))) for k, v in chunks.items()}
+        # sample i is the chunk starting at t = (i // E) * L of env i % E
+        t = torch.from_numpy((idx // E) * L + steps)                      # [L, B]
+        e = torch.from_numpy(idx % E).expand(L, -1)                      # [L, B]
+        yield {k: v[t, e] for k, v in tensors.items()}

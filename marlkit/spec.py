@@ -20,6 +20,12 @@ def action_layout(space: spaces.Space) -> tuple[tuple[int, ...], Any]:
     return tuple(space.shape), np.dtype(np.float32)
 
 
+def is_channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether a 3-D image shape is ``[H, W, C]`` rather than ``[C, H, W]``: the channel axis is the
+    short one (``(13, 13, 5)``, ``(120, 160, 3)`` -> True; ``(4, 84, 84)`` -> False)."""
+    return len(shape) == 3 and shape[2] < shape[0] and shape[2] < shape[1]
+
+
 @dataclass
 class GroupSpec:
     name: str

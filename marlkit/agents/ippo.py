@@ -1,14 +1,26 @@
 """IPPO: MAPPO's machinery with a decentralised critic that sees only the agent's own observation."""
 from __future__ import annotations
 
+from torch import nn
+
 from marlkit.agents.mappo import MAPPO
+from marlkit.networks.base import Encoder, init_linear
 from marlkit.registry import register_agent
 
 
 @register_agent("IPPO")
 class IPPO(MAPPO):
-    def critic_input_shape(self):
-        return self.group.obs_shape
+    """The critic reads each agent's own observation (+ id), like the actor; the global state is
+    never read, so it is not stored either."""
 
-    def critic_input(self, obs, state):
-        return obs
+    uses_state = False
+
+    def critic_encoder(self) -> Encoder:
+        return self._encoder("critic", self.group.obs_shape, per_agent=True)
+
+    def critic_head(self, critic: Encoder) -> nn.Module:
+        return init_linear(nn.Linear(critic.out_dim + self._id_width_after(self.group.obs_shape), 1), gain=1.0)
+
+    def values(self, obs, state, hidden, episode_start):
+        features, hidden = self.encode_agents(self.modules["critic"], obs, hidden, episode_start)
+        return self.modules["critic_head"](features).squeeze(-1), hidden

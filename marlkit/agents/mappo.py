@@ -7,45 +7,55 @@ from torch import nn
 from marlkit.agents.base import OnPolicyAgent, masked_mean
 from marlkit.agents.losses import ppo_policy_loss, value_loss
 from marlkit.config import ConfigError
-from marlkit.networks.base import init_linear
+from marlkit.networks.base import Encoder
 from marlkit.networks.distributions import ActionHead
+from marlkit.networks.heads import SharedValueHead
 from marlkit.registry import get_model, register_agent
 
 
 @register_agent("MAPPO")
 class MAPPO(OnPolicyAgent):
-    """Actor on each agent's own observation, critic on ``state`` (+ agent id), shared weights."""
+    """Actor on each agent's own observation; critic on ``state``, encoded once per env step by any
+    registered model (an image state by a ``cnn``) and read out per agent by a head that sees the
+    agent id. Weights are shared across the group.
 
-    def critic_input_shape(self) -> tuple[int, ...]:
-        return (int(torch.tensor(self.state_shape).prod()),)
+    The agent id (``use_agent_id``) joins a flat input as a one-hot before the encoder; for other
+    inputs (images, ``(27, 5)`` arrays) it joins the encoder's features.
+    """
 
-    def critic_input(self, obs: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """``obs [L, B, A, ...]``, ``state [L, B, *state_shape]`` -> ``[L, B, A, D]``."""
-        flat = state.reshape(*state.shape[:2], 1, -1).float()
-        return flat.expand(-1, -1, self.n_agents, -1)
+    uses_state = True
 
     # ------------------------------------------------------------------ networks
 
-    def _with_id(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.cfg.use_agent_id:
-            return x
-        ids = torch.eye(self.n_agents, dtype=torch.float32, device=x.device).expand(*x.shape[:2], -1, -1)
-        return torch.cat([x.float(), ids], -1)
+    def _id_at_input(self, shape: tuple[int, ...]) -> bool:
+        return self.cfg.use_agent_id and len(shape) == 1
 
-    def _input_shape(self, shape: tuple[int, ...], role: str) -> tuple[int, ...]:
-        if not self.cfg.use_agent_id:
-            return shape
-        if len(shape) != 1:
-            raise ConfigError(f"agents.{self.registered_name}.use_agent_id needs flat {role} inputs, got shape "
-                              f"{shape}; set use_agent_id: false for image observations")
-        return (shape[0] + self.n_agents,)
+    def _id_width_after(self, shape: tuple[int, ...]) -> int:
+        """Width of the one-hot id appended to the features of an encoder of ``shape`` inputs."""
+        return self.n_agents if self.cfg.use_agent_id and len(shape) != 1 else 0
+
+    def _encoder(self, role: str, shape: tuple[int, ...], per_agent: bool) -> Encoder:
+        model = getattr(self.cfg, role)
+        if per_agent and self._id_at_input(shape):
+            shape = (shape[0] + self.n_agents,)
+        try:
+            return get_model(model.name)(tuple(shape), model)
+        except ConfigError as exc:
+            raise ConfigError(f"agents.{self.registered_name}.{role}: {exc}") from None
 
     def build(self) -> dict[str, nn.Module]:
-        cfg = self.cfg
-        actor = get_model(cfg.actor.name)(self._input_shape(self.group.obs_shape, "actor"), cfg.actor)
-        critic = get_model(cfg.critic.name)(self._input_shape(self.critic_input_shape(), "critic"), cfg.critic)
-        return {"actor": actor, "actor_head": ActionHead(self.group.action_space, actor.out_dim, cfg.log_std_init),
-                "critic": critic, "critic_head": init_linear(nn.Linear(critic.out_dim, 1), gain=1.0)}
+        obs_shape = self.group.obs_shape
+        actor = self._encoder("actor", obs_shape, per_agent=True)
+        critic = self.critic_encoder()
+        head = ActionHead(self.group.action_space, actor.out_dim + self._id_width_after(obs_shape),
+                          self.cfg.log_std_init)
+        return {"actor": actor, "actor_head": head, "critic": critic, "critic_head": self.critic_head(critic)}
+
+    def critic_encoder(self) -> Encoder:
+        return self._encoder("critic", self.state_shape, per_agent=False)
+
+    def critic_head(self, critic: Encoder) -> nn.Module:
+        return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation)
 
     def param_groups(self) -> list[dict]:
         m = self.modules
@@ -53,22 +63,37 @@ class MAPPO(OnPolicyAgent):
         critic = list(m["critic"].parameters()) + list(m["critic_head"].parameters())
         return [{"params": actor, "lr": self.cfg.lr}, {"params": critic, "lr": self.cfg.critic_lr or self.cfg.lr}]
 
-    def _run(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start):
-        """Encode ``[L, B, A, D]`` with agents folded into the batch; hidden is ``[B, A, H]``."""
+    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start):
+        """Encode per-agent inputs ``[L, B, A, ...]`` with agents folded into the batch, the agent
+        id joined -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None)."""
         L, B, A = x.shape[:3]
+        shape = tuple(x.shape[3:])
+        if self._id_at_input(shape):
+            x = torch.cat([x.float(), self._ids(L, B, x.device)], -1)
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.repeat_interleave(A, 1) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
-        return features.reshape(L, B, A, -1), (h.reshape(B, A, -1) if h is not None else None)
+        features = features.reshape(L, B, A, -1)
+        if self._id_width_after(shape):
+            features = torch.cat([features, self._ids(L, B, x.device)], -1)
+        return features, (h.reshape(B, A, -1) if h is not None else None)
+
+    def _ids(self, L: int, B: int, device) -> torch.Tensor:
+        return torch.eye(self.n_agents, dtype=torch.float32, device=device).expand(L, B, -1, -1)
 
     def policy(self, obs, state, hidden, episode_start, action_mask):
-        features, hidden = self._run(self.modules["actor"], self._with_id(obs), hidden, episode_start)
+        features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start)
         return self.modules["actor_head"](features, action_mask), hidden
 
     def values(self, obs, state, hidden, episode_start):
-        x = self._with_id(self.critic_input(obs, state))
-        features, hidden = self._run(self.modules["critic"], x, hidden, episode_start)
-        return self.modules["critic_head"](features).squeeze(-1), hidden
+        """The state ``[L, B, *state_shape]`` is encoded once per env step; a recurrent critic keeps
+        one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``."""
+        encoder = self.modules["critic"]
+        h = hidden[:, 0] if hidden is not None and encoder.is_recurrent else None
+        features, h = encoder(state, h, episode_start)
+        if h is not None:
+            h = h.unsqueeze(1).expand(-1, self.n_agents, -1)
+        return self.modules["critic_head"](features), h
 
     # ------------------------------------------------------------------ loss
 

@@ -6,33 +6,69 @@ from torch import nn
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.base import ACTIVATIONS, Encoder, init_linear
 from marlkit.registry import register_model
+from marlkit.spec import is_channels_last
+
+MIN_SIDE = 7
+
+# (smallest image side, convolutions as (out channels, kernel, stride)): the first row whose side
+# fits is used. Large images get Nature-DQN's stack (cheap: the first stride-4 layer shrinks them
+# at once); smaller ones keep their resolution longer, so that a 13x13 view ends at 3x3, not 0x0.
+LAYOUTS = [
+    (84, [(32, 8, 4), (64, 4, 2), (64, 3, 1)]),
+    (28, [(32, 5, 2), (64, 3, 2), (64, 3, 1)]),
+    (13, [(32, 3, 1), (64, 3, 2), (64, 3, 1)]),
+    (MIN_SIDE, [(32, 3, 1), (64, 3, 1)]),
+]
+
+
+def conv_layout(height: int, width: int) -> list[tuple[int, int, int]]:
+    """Convolutions for an image of ``height x width``; raises ConfigError below ``MIN_SIDE``."""
+    side = min(height, width)
+    for smallest, layers in LAYOUTS:
+        if side >= smallest:
+            return layers
+    raise ConfigError(f"{height}x{width} is smaller than the {MIN_SIDE}x{MIN_SIDE} the packaged 'cnn' needs")
 
 
 @register_model("cnn")
 class CNN(Encoder):
-    """Nature-DQN style convolutions for image observations ``[C, H, W]`` (or ``[H, W, C]`` with
-    ``kwargs: {channels_last: true}``); uint8 pixels are scaled to [0, 1]."""
+    """Convolutions for images ``[C, H, W]`` or ``[H, W, C]``, then one dense layer; uint8 pixels
+    are scaled to [0, 1].
+
+    The layout is read from the shape (the channel axis is the short one: ``(13, 13, 5)`` is
+    channels-last, ``(4, 84, 84)`` channels-first); ``kwargs: {channels_last: true|false}``
+    decides when the shape cannot. Kernels and strides follow the image size (``LAYOUTS``): from
+    Nature-DQN's 8/4, 4/2, 3/1 at 84x84 and up, down to two 3x3 convolutions at 7x7.
+    """
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
+        input_shape = tuple(int(n) for n in input_shape)
         if len(input_shape) != 3:
-            raise ConfigError(f"model 'cnn' needs image observations [C, H, W], got shape {input_shape}")
-        self.channels_last = bool(cfg.kwargs.get("channels_last", False))
-        c = input_shape[2] if self.channels_last else input_shape[0]
+            raise ConfigError(f"model 'cnn' needs images [C, H, W] or [H, W, C], got shape {input_shape}; "
+                              "use model 'mlp' (it flattens any shape)")
+        self.channels_last = bool(cfg.kwargs.get("channels_last", is_channels_last(input_shape)))
+        c, h, w = (input_shape[2], *input_shape[:2]) if self.channels_last else input_shape
+        try:
+            layers = conv_layout(h, w)
+        except ConfigError as exc:
+            raise ConfigError(f"model 'cnn' cannot take shape {input_shape} "
+                              f"({'channels-last' if self.channels_last else 'channels-first'}): {exc}; "
+                              "use model 'mlp', or set kwargs.channels_last if the layout was misread") from None
         act = ACTIVATIONS[cfg.activation]
-        self.conv = nn.Sequential(
-            nn.Conv2d(c, 32, 8, stride=4), act(), nn.Conv2d(32, 64, 4, stride=2), act(),
-            nn.Conv2d(64, 64, 3, stride=1), act(), nn.Flatten())
+        convs: list[nn.Module] = []
+        for out, kernel, stride in layers:
+            convs += [nn.Conv2d(c, out, kernel, stride=stride), act()]
+            c = out
+        self.conv = nn.Sequential(*convs, nn.Flatten())
         with torch.no_grad():
-            probe = torch.zeros(1, *input_shape)
-            flat = self.conv(self._chw(probe)).shape[1]
+            flat = self.conv(torch.zeros(1, input_shape[2] if self.channels_last else input_shape[0], h, w)).shape[1]
         width = cfg.hidden_sizes[-1] if cfg.hidden_sizes else 512
         self.head = nn.Sequential(init_linear(nn.Linear(flat, width)), act())
         self.out_dim = width
 
-    def _chw(self, x: torch.Tensor) -> torch.Tensor:
-        return x.permute(0, 3, 1, 2) if self.channels_last else x
-
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.permute(0, 3, 1, 2)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
-        return self.head(self.conv(self._chw(x)))
+        return self.head(self.conv(x))

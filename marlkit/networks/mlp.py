@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
-from marlkit.config import ConfigError, ModelConfig
+from marlkit.config import ModelConfig
 from marlkit.networks.base import ACTIVATIONS, Encoder, init_linear
 from marlkit.registry import register_model
 
@@ -21,16 +22,17 @@ def mlp_layers(in_dim: int, cfg: ModelConfig) -> tuple[nn.Sequential, int]:
     return nn.Sequential(*layers), in_dim
 
 
+def flat_size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64))
+
+
 @register_model("mlp")
 class MLP(Encoder):
-    """Fully connected encoder for flat observations."""
+    """Fully connected encoder; inputs of any shape (``(27, 5)``, an image) are flattened."""
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
-        if len(input_shape) != 1:
-            raise ConfigError(f"model 'mlp' needs flat observations, got shape {input_shape}; "
-                              "use model name 'cnn' for images")
-        self.net, self.out_dim = mlp_layers(int(input_shape[0]), cfg)
+        self.net, self.out_dim = mlp_layers(flat_size(input_shape), cfg)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.float())
+        return self.net(x.reshape(x.shape[0], -1).float())

@@ -5,19 +5,19 @@ from torch import nn
 
 from marlkit.config import ModelConfig
 from marlkit.networks.base import Encoder
-from marlkit.networks.mlp import mlp_layers
+from marlkit.networks.mlp import flat_size, mlp_layers
 from marlkit.registry import register_model
 
 
 @register_model("gru")
 class GRU(Encoder):
-    """MLP layers then a GRU; the hidden state resets where an episode starts."""
+    """MLP layers (inputs flattened) then a GRU; the hidden state resets where an episode starts."""
 
     is_recurrent = True
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
-        self.mlp, width = mlp_layers(int(input_shape[0]), cfg)
+        self.mlp, width = mlp_layers(flat_size(input_shape), cfg)
         self.gru = nn.GRU(width, cfg.rnn_hidden)
         for name, param in self.gru.named_parameters():
             if "weight" in name:
@@ -29,7 +29,7 @@ class GRU(Encoder):
 
     def forward(self, x, hidden=None, episode_start=None):
         length, batch = x.shape[:2]
-        z = self.mlp(x.reshape(length * batch, *x.shape[2:]).float()).reshape(length, batch, -1)
+        z = self.mlp(x.reshape(length * batch, -1).float()).reshape(length, batch, -1)
         h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
         outputs = []
         for t in range(length):

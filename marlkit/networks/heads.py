@@ -1,0 +1,37 @@
+"""Value heads that read one value per agent."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from marlkit.networks.base import ACTIVATIONS, init_linear
+
+
+class SharedValueHead(nn.Module):
+    """Values ``[L, B, A]`` of a group's ``A`` agents from one encoding ``[L, B, F]`` of an input
+    they share (the global state), so that the encoder runs once per env step, not once per agent.
+
+    With agent ids, a hidden layer on ``[features, one-hot id]`` tells the agents apart: its id part
+    is a learned per-agent bias, so the layer costs one ``F x F`` product per env step plus ``A``
+    additions. Without ids, all agents share one linear readout.
+    """
+
+    def __init__(self, in_dim: int, n_agents: int, use_agent_id: bool, activation: str = "relu"):
+        super().__init__()
+        self.n_agents = n_agents
+        self.use_agent_id = use_agent_id
+        if use_agent_id:
+            joint = init_linear(nn.Linear(in_dim + n_agents, in_dim))  # initialised as one layer on [features, id]
+            self.proj = nn.Linear(in_dim, in_dim)
+            with torch.no_grad():
+                self.proj.weight.copy_(joint.weight[:, :in_dim])
+                self.proj.bias.copy_(joint.bias)
+            self.agent_bias = nn.Parameter(joint.weight[:, in_dim:].T.detach().clone())   # [A, F]
+            self.act = ACTIVATIONS[activation]()
+        self.out = init_linear(nn.Linear(in_dim, 1), gain=1.0)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        if self.use_agent_id:
+            hidden = self.act(self.proj(features).unsqueeze(-2) + self.agent_bias)   # [L, B, A, F]
+            return self.out(hidden).squeeze(-1)
+        return self.out(features).expand(*features.shape[:-1], self.n_agents)
