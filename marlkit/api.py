@@ -3,42 +3,100 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from marlkit.config import ConfigError, deep_merge, from_dict, load_yaml, nest, resolve
+from marlkit.config import deep_merge, from_dict, import_modules, load_yaml, nest, resolve, to_plain
+from marlkit.errors import ConfigError
 from marlkit.runners.pettingzoo import Runner, RunResult
 
 MODES = ("train", "test", "benchmark")
 
+# What an exact resume depends on: changing any of these would continue another experiment (or
+# fail to fit the saved arrays), so --resume refuses them instead of corrupting the run.
+FROZEN_ON_RESUME = ("agent", "env_name", "seed", "env", "groups", "runner.parallels", "runner.horizon")
+
 
 def build_config(agent: str | None = None, env: str | None = None, mode: str = "train",
-                 config: str | list[str] | None = None, resume: str | None = None, **overrides):
-    """Resolve a run config (agent default MAPPO, env default mpe_spread). ``overrides`` are
-    top-level keys (``seed=3``), sections (``runner={"parallels": 8}``) or dotted keys given as a
-    dict (``**{"runner.parallels": 8}``). With ``resume``, the run directory's saved config is the
-    base and only overrides apply."""
+                 config: str | list[str] | None = None, resume: str | None = None,
+                 overrides: dict | None = None, **kwargs):
+    """Resolve a run config (agent default MAPPO, env default mpe_spread).
+
+    ``overrides`` is a nested mapping (``{"env": {"kwargs": {"N": 4}}}``, what ``--set`` gives);
+    ``kwargs`` are top-level keys (``seed=3``), sections (``runner={"parallels": 8}``) or dotted keys
+    (``**{"runner.parallels": 8}``). With ``resume``, the run directory's saved config is the base,
+    only overrides apply, and everything an exact resume needs is checked before anything starts.
+    """
     if mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
-    nested: dict = {}
-    for key, value in overrides.items():
+    nested: dict = deep_merge({}, overrides or {})
+    for key, value in kwargs.items():
         nested = deep_merge(nested, nest(key, value))
     files = [config] if isinstance(config, str) else list(config or [])
     if resume:
-        saved = Path(resume) / "config.yaml"
-        if not saved.is_file():
-            raise FileNotFoundError(f"--resume {resume!r}: no config.yaml there; pass a run directory "
-                                    "such as runs/mpe_spread/MAPPO/<run>")
-        data = load_yaml(saved)
-        if files:
-            raise ConfigError("--resume continues with the run's own config.yaml; change settings with --set, "
-                              "not --config")
-        for name, given in (("agent", agent), ("env_name", env)):
-            if given is not None and Path(given).stem != Path(str(data.get(name))).stem:
-                raise ConfigError(f"--resume {resume!r}: that run used {name.replace('_name', '')} "
-                                  f"{data.get(name)!r}, not {given!r}; drop the flag to continue it")
-        data = deep_merge(data, nested)
-        data.update(mode=mode, resume=str(resume))
-        return from_dict(data)
+        return _resume_config(Path(resume), agent, env, mode, files, nested)
+    import_modules(list(nested.get("imports") or []))
+    if nested.get("load"):
+        import_modules(_imports_of_run(Path(nested["load"]).parent))
     return resolve(agent=agent or "MAPPO", env=env or "mpe_spread", config_files=files, overrides=nested,
                    mode=mode)
+
+
+def _imports_of_run(run_dir: Path) -> list[str]:
+    """The ``--import`` modules a run was trained with, so that testing or resuming it needs no
+    flag repeated."""
+    saved = run_dir / "config.yaml"
+    return list(load_yaml(saved).get("imports") or []) if saved.is_file() else []
+
+
+def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: dict):
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise FileNotFoundError(f"--resume {str(run_dir)!r}: no config.yaml there; pass a run directory "
+                                "such as runs/mpe_spread/MAPPO/<run>")
+    if files:
+        raise ConfigError("--resume continues with the run's own config.yaml; change settings with --set, "
+                          "not --config")
+    latest = run_dir / "latest.pt"
+    if not latest.is_file():
+        raise FileNotFoundError(f"--resume {str(run_dir)!r}: the run saved no latest.pt (it stopped before its "
+                                "first checkpoint), so there is nothing to continue; start a new run")
+    data = load_yaml(saved)
+    for name, given in (("agent", agent), ("env_name", env)):
+        if given is not None and Path(given).stem != Path(str(data.get(name))).stem:
+            raise ConfigError(f"--resume {str(run_dir)!r}: that run used {name.replace('_name', '')} "
+                              f"{data.get(name)!r}, not {given!r}; drop the flag to continue it")
+    imports = list(dict.fromkeys(list(data.get("imports") or []) + list(nested.get("imports") or [])))
+    import_modules(imports)
+    before = from_dict(data)
+    merged = deep_merge(data, nested)
+    merged.update(mode=mode, resume=str(run_dir), imports=imports)
+    after = from_dict(merged)
+    for key in FROZEN_ON_RESUME:
+        old, new = _get(to_plain(before), key), _get(to_plain(after), key)
+        if old != new:
+            raise ConfigError(f"--resume: {key} cannot change when a run is continued (the run was saved with "
+                              f"{key}={_short(old)}, now {_short(new)}); drop that --set, or start a new run "
+                              f"with --load {latest} to begin from its weights")
+    steps = _saved_steps(latest)
+    if steps >= after.runner.total_steps:
+        raise ConfigError(f"--resume: the run in {str(run_dir)!r} is finished ({steps} of "
+                          f"{after.runner.total_steps} env steps); to train it further pass a larger budget, "
+                          f"e.g. --set runner.total_steps={2 * after.runner.total_steps}")
+    return after
+
+
+def _get(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _saved_steps(latest: Path) -> int:
+    from marlkit.runners.checkpoint import read_steps
+    return read_steps(latest)
 
 
 def run(agent: str | None = None, env: str | None = None, mode: str = "train", **kwargs) -> RunResult:

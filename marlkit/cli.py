@@ -13,10 +13,10 @@ from typing import Optional
 
 from argparse_dataclass import ArgumentParser
 
-from marlkit.config import ConfigError, available_envs
-from marlkit.agents.base import CheckpointMismatchError, TrainingDivergedError
-from marlkit.envs.core import EnvAPIError, EnvWorkerError
-from marlkit.registry import REGISTRY, UnknownNameError, _load_builtins
+from marlkit.config import available_envs
+from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, EnvWorkerError, RunInterrupted,
+                            TrainingDivergedError)
+from marlkit.registry import REGISTRY, UnknownNameError, builtin_agents
 
 
 @dataclass
@@ -37,7 +37,8 @@ class CLIArgs:
     device: Optional[str] = field(default=None, metadata={"help": "torch device, e.g. cpu"})
     logger: Optional[str] = field(default=None, metadata={"choices": ["tensorboard", "wandb", "console", "none"],
                                                           "help": "where metrics go (default tensorboard)"})
-    render: bool = field(default=False, metadata={"help": "with --test: record a video of an episode"})
+    render: bool = field(default=False, metadata={"help": "with --test: record each test episode to a video "
+                                                            "(episode_<k>.mp4, runner.test_episodes of them)"})
     imports: list[str] = field(default_factory=list, metadata={
         "args": ["--import"], "nargs": "*", "metavar": "MODULE",
         "help": "import modules that register your own agents, envs or models first"})
@@ -64,11 +65,13 @@ def _gather_repeated(argv: list[str], flags=("--set", "--config", "--import")) -
 
 
 def list_everything() -> str:
-    _load_builtins()
-    lines = ["agents:"]
-    for name, cls in sorted(REGISTRY.items()):
+    agents = builtin_agents()
+    for name, cls in REGISTRY.items():  # the ones registered by --import
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-        lines.append(f"  {name:<10} {doc[0] if doc else ''}")
+        agents.setdefault(name, doc[0] if doc else "")
+    lines = ["agents:"]
+    for name, doc in sorted(agents.items()):
+        lines.append(f"  {name:<10} {doc}")
     lines.append("envs:")
     for name, desc in available_envs().items():
         lines.append(f"  {name:<10} {desc}")
@@ -94,11 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     from marlkit.config import parse_set
     mode = "test" if args.test else "benchmark" if args.benchmark else "train"
     top = {k: v for k, v in {"seed": args.seed, "device": args.device, "logger": args.logger,
-                             "load": args.load, "render": args.render or None}.items() if v is not None}
+                             "load": args.load, "render": args.render or None,
+                             "imports": args.imports or None}.items() if v is not None}
     try:
         overrides = parse_set(args.set)
         overrides.update(top)
-        cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, **overrides)
+        cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, overrides=overrides)
         result = run_config(cfg)
         print(f"run directory: {result.run_dir}")
     except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
@@ -107,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     except (EnvAPIError, EnvWorkerError, TrainingDivergedError) as exc:
         print(f"marlkit: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except RunInterrupted as exc:
+        print(f"marlkit: {exc}; envs closed", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
-        print("marlkit: interrupted; envs closed, latest.pt holds the last saved state", file=sys.stderr)
+        print("marlkit: interrupted before the run started; nothing was saved", file=sys.stderr)
         return 130
     return 0

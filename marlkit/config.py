@@ -16,13 +16,10 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
+from marlkit.errors import ConfigError
 from marlkit.registry import closest, get_agent, get_env_type
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-
-
-class ConfigError(ValueError):
-    """Bad configuration; the message names the key, the value and the fix."""
 
 
 def _range(lo=None, hi=None, **extra) -> dict:
@@ -77,6 +74,11 @@ class EnvConfig:
     # observation wrappers for image envs (marlkit/envs/wrappers.py): [H, W], and K frames per obs
     resize: Optional[list[int]] = None
     frame_stack: int = field(default=1, metadata=_range(1))
+    # True only for envs whose whole state pickles (proven by a test that continues a trajectory
+    # after a save/load and compares it with the uninterrupted one). Envs whose state lives outside
+    # Python (a C engine, a game process) would come back desynchronised, so they resume with
+    # fresh episodes instead.
+    exact_resume: bool = False
 
 
 @dataclass
@@ -101,6 +103,9 @@ class RunnerConfig:
     run_root: str = "runs"
     progress: bool = True
     video_fps: Optional[int] = field(default=None, metadata=_range(1))
+    # Which evaluation return picks best.pt: a group's name, or None for the mean over the learning
+    # groups (right for cooperative groups; name one group in competitive envs).
+    best_metric: Optional[str] = None
 
 
 @dataclass
@@ -126,6 +131,7 @@ class RunConfig:
     resume: Optional[str] = None
     render: bool = False
     description: str = ""
+    imports: list[str] = field(default_factory=list)   # modules registering user agents/envs/models
     env: EnvConfig = field(default_factory=EnvConfig)
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     agents: dict[str, Any] = field(default_factory=dict)
@@ -270,7 +276,8 @@ def load_yaml(path: str | Path) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        with path.open() as stream:  # a stream, so that parse errors name the file, not <unicode string>
+            data = yaml.safe_load(stream) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     if not isinstance(data, dict):
@@ -330,19 +337,36 @@ def parse_set(items: list[str]) -> dict:
     return out
 
 
+def import_modules(modules: list[str]) -> None:
+    """``--import``: modules that register a user's agents, envs or models."""
+    import importlib
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise ConfigError(f"--import {module}: {exc}") from None
+
+
 def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[str] | None = None,
             overrides: dict | None = None, **top_level) -> RunConfig:
-    """Merge defaults, the env YAML, extra YAML files and overrides into a validated RunConfig."""
+    """Merge defaults, the env YAML, extra YAML files and overrides into a validated RunConfig.
+
+    Each layer is validated as it is merged, so an error names the file (or ``--set``) it came from.
+    """
     get_agent(agent)
     env_path = env_yaml_path(env)
-    merged = load_yaml(env_path)
-    for path in config_files or []:
-        merged = deep_merge(merged, load_yaml(config_file_path(path)))
-    merged = deep_merge(merged, overrides or {})
-    merged = deep_merge(merged, {k: v for k, v in top_level.items() if v is not None})
-    merged["agent"] = agent
-    merged.setdefault("env_name", env_path.stem)
-    return from_dict(merged)
+    top = {"agent": agent, "env_name": env_path.stem}
+    layers = [(str(env_path), load_yaml(env_path))]
+    layers += [(str(config_file_path(p)), load_yaml(config_file_path(p))) for p in config_files or []]
+    layers.append(("", deep_merge(overrides or {}, {k: v for k, v in top_level.items() if v is not None})))
+    merged: dict = {}
+    for source, layer in layers:
+        merged = deep_merge(merged, layer)
+        try:
+            cfg = from_dict({**merged, **top, "env_name": merged.get("env_name", top["env_name"])})
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
+    return cfg
 
 
 def from_dict(data: dict) -> RunConfig:
@@ -355,6 +379,9 @@ def from_dict(data: dict) -> RunConfig:
     if not isinstance(agents_section, dict):
         raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
     cfg = build(RunConfig, data)
+    if cfg.render and cfg.mode != "test":
+        raise ConfigError("--render records the test episodes of a checkpoint, one video each: use it with "
+                          "--test --load CKPT (training and --benchmark record no video)")
     env_cls = get_env_type(str(env_section.get("type", EnvConfig.type)))
     cfg.env = build(env_cls.config_cls, env_section, "env")
 
@@ -379,4 +406,8 @@ def from_dict(data: dict) -> RunConfig:
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    """Atomically: a run dir never holds a half-written config."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    tmp.replace(path)

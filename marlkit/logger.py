@@ -43,5 +43,10 @@ def _start_wandb(run_dir: Path, config: dict, project: str):
     has_key = bool(os.environ.get("WANDB_API_KEY")) or Path.home().joinpath(".netrc").is_file()
     # Without credentials wandb would prompt for a key and wait forever; offline runs can be synced later.
     mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")
-    return wandb.init(project=project, dir=str(run_dir), config=config, mode=mode, name=run_dir.name,
-                      settings=wandb.Settings(init_timeout=60, silent=True))
+    run = wandb.init(project=project, dir=str(run_dir), config=config, mode=mode, name=run_dir.name,
+                     settings=wandb.Settings(init_timeout=60, silent=True))
+    if mode == "offline":
+        why = "WANDB_MODE=offline" if os.environ.get("WANDB_MODE") else "no wandb API key was found"
+        where = Path(run.dir).parent
+        print(f"wandb: logging offline ({why}) to {where}; upload it later with: wandb sync {where}", flush=True)
+    return run

@@ -63,7 +63,9 @@ def lookup(table: dict[str, type], kind: str, name: str) -> type:
     _load_builtins(table)
     if name not in table:
         valid = ", ".join(sorted(table))
-        raise UnknownNameError(f"unknown {kind} {name!r}{closest(name, table)}; valid {kind}s: {valid}")
+        hint = (f"; if {name!r} is your own {kind}, pass --import <module> (the module that registers it)"
+                if kind in ("agent", "model", "env type") else "")
+        raise UnknownNameError(f"unknown {kind} {name!r}{closest(name, table)}; valid {kind}s: {valid}{hint}")
     return table[name]
 
 
@@ -77,6 +79,26 @@ def get_env_type(name: str) -> type:
 
 def get_model(name: str) -> type:
     return lookup(MODEL_REGISTRY, "model", name)
+
+
+def builtin_agents() -> dict[str, str]:
+    """Name -> first docstring line of every agent shipped in ``marlkit/agents``, read from the
+    source so that ``--list`` answers without importing torch."""
+    import ast
+    from pathlib import Path
+    found = {}
+    for path in sorted((Path(__file__).parent / "agents").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        module_doc = ast.get_docstring(tree) or ""
+        for node in tree.body:
+            if not isinstance(node, ast.ClassDef):
+                continue
+            for dec in node.decorator_list:
+                if (isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == "register_agent"
+                        and dec.args and isinstance(dec.args[0], ast.Constant)):
+                    doc = (ast.get_docstring(node) or module_doc).strip().splitlines()
+                    found[dec.args[0].value] = doc[0] if doc else ""
+    return found
 
 
 def _load_builtins(table: dict | None = None) -> None:

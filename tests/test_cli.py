@@ -49,7 +49,9 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     assert [r["step"] for r in report["evaluations"]] == [0, 100, 200, 300]
     assert report["best"]["score"] == max(r["score"] for r in report["evaluations"])
     assert (brun / "best.pt").is_file() and (brun / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
-    assert "benchmark: IPPO on mpe_spread" in bench.stdout and "best @ step" in bench.stdout
+    assert "benchmark: IPPO on mpe_spread" in bench.stdout
+    assert f"best.pt: step {report['best']['step']}, chosen on the mean return of the learning groups" in bench.stdout
+    assert report["best_metric"] == "mean return of the learning groups"
 
     test = cli("--agent", "IPPO", "--env", "mpe_spread", "--test", "--load", str(brun / "best.pt"), "--set",
                f"runner.run_root={root}", "runner.test_episodes=4", *TINY)
@@ -65,11 +67,14 @@ def test_render_writes_a_video(tmp_path):
     assert cli("--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY).returncode == 0
     [run] = only_run_dir(root)
     out = cli("--test", "--render", "--load", str(run / "latest.pt"), "--set", f"runner.run_root={root}",
-              "runner.test_episodes=1", *TINY)
+              "runner.test_episodes=2", *TINY)
     assert out.returncode == 0, out.stderr
     [trun] = only_run_dir(root, suffix="_test")
-    videos = list(trun.glob("episode.*"))
-    assert len(videos) == 1 and videos[0].stat().st_size > 1000
+    videos = sorted(p.stem for p in trun.glob("episode_*"))
+    assert videos == ["episode_1", "episode_2"]
+    assert all(p.stat().st_size > 1000 for p in trun.glob("episode_*"))
+    out = cli("--render", "--set", f"runner.run_root={root}", *TINY)
+    assert out.returncode == 2 and "--render records the test episodes of a checkpoint" in out.stderr
 
 
 def test_list_shows_agents_and_envs():
@@ -80,7 +85,8 @@ def test_list_shows_agents_and_envs():
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--agent", "MAPOO"], "unknown agent 'MAPOO' (did you mean 'MAPPO'?); valid agents: IPPO, MAPPO, random"),
+    (["--agent", "MAPOO"], "unknown agent 'MAPOO' (did you mean 'MAPPO'?); valid agents: "),
+    (["--agent", "MyPPO"], "if 'MyPPO' is your own agent, pass --import <module>"),
     (["--env", "mpe_sprad"], "unknown env 'mpe_sprad' (did you mean 'mpe_spread'?)"),
     (["--set", "runner.paralels=4"], "unknown key 'runner.paralels' (did you mean 'parallels'?)"),
     (["--set", "agents.MAPPO.lr=fast"], "agents.MAPPO.lr: expected a number, got 'fast'"),

@@ -53,11 +53,13 @@ def test_masked_slots_are_skipped_and_never_leak():
     adv, ret = gae(reward, value, [0] * 4, [0] * 4, [0] * 4, mask, [0] * 4, 4.0)
     a3 = 3.0 + G * 4.0 - 1.5
     a2 = 2.0 + G * 1.5 - 1.0 + G * L * a3
-    a0 = 1.0 + G * 1.0 - 0.5 + G * L * a2      # successor: next *present* step (2)
+    # successor: next *present* step (2); the reward that reached the agent while absent (step 1)
+    # belongs to its last action (an agent deciding every other step is paid when it next decides)
+    a0 = 1.0 + 99.0 + G * 1.0 - 0.5 + G * L * a2
     np.testing.assert_allclose(adv, [a0, 0.0, a2, a3], rtol=1e-6)
     assert ret[1] == 0.0
-    # whatever the garbage, nothing changes
-    adv2, _ = gae([1.0, -1e6, 2.0, 3.0], [0.5, 1e6, 1.0, 1.5], [0] * 4, [0] * 4, [0] * 4, mask, [0] * 4, 4.0)
+    # whatever the value in the absent slot, nothing changes
+    adv2, _ = gae(reward, [0.5, 1e6, 1.0, 1.5], [0] * 4, [0] * 4, [0] * 4, mask, [0] * 4, 4.0)
     np.testing.assert_array_equal(adv, adv2)
 
 

@@ -18,20 +18,13 @@ import torch
 from torch import nn
 
 from marlkit.buffers import RolloutBuffer, Transition, compute_gae, last_present_value, minibatches
-from marlkit.config import ConfigError, OnPolicyConfig, to_plain
+from marlkit.config import OnPolicyConfig, to_plain
+from marlkit.errors import CheckpointMismatchError, ConfigError, TrainingDivergedError
 from marlkit.networks.normalization import ValueNorm
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.spec import GroupSpec, action_layout
 
 CHECKPOINT_VERSION = 1
-
-
-class TrainingDivergedError(RuntimeError):
-    """A loss or gradient became NaN/inf; the last good checkpoint is kept."""
-
-
-class CheckpointMismatchError(ValueError):
-    """A checkpoint that belongs to another agent, env or group."""
 
 
 @dataclass
@@ -132,7 +125,8 @@ def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:
         diff = [k for k in ours if theirs.get(k) != ours[k]]
         raise CheckpointMismatchError(
             f"the checkpoint of group {group.name!r} was trained on a different env: "
-            + "; ".join(f"{k} was {theirs.get(k)!r}, now {ours[k]!r}" for k in diff))
+            + "; ".join(f"{k} was {theirs.get(k)!r}, now {ours[k]!r}" for k in diff)
+            + "; use the env settings it was trained with (config.yaml beside the checkpoint)")
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -148,6 +142,9 @@ class OnPolicyAgent(Agent):
     checkpoint cover them), ``policy``, ``values`` and ``loss``. Sequence tensors inside are
     ``[L, B, A, ...]`` (time, batch, agent).
     """
+
+    uses_state = True               # False: the agent never reads the global state, so it is not stored
+    value_chunk_bytes = 16 * 2**20  # input bytes per critic pass when valuing a rollout
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu",
                  state_dtype=np.float32):
@@ -165,7 +162,8 @@ class OnPolicyAgent(Agent):
         self.chunk_length = (cfg.chunk_length or horizon) if self.recurrent else 1
         action_shape, action_dtype = action_layout(group.action_space)
         self.buffer = RolloutBuffer(horizon, num_envs, group.n_agents, group.obs_shape,
-                                    group.observation_space.dtype or np.float32, self.state_shape, action_shape,
+                                    group.observation_space.dtype or np.float32,
+                                    self.state_shape if self.uses_state else None, action_shape,
                                     action_dtype, group.n_actions,
                                     (2, self.hidden_size) if self.recurrent else None, self.state_dtype)
         self._episode_start = np.ones(num_envs, bool)
@@ -271,10 +269,19 @@ class OnPolicyAgent(Agent):
 
     @torch.no_grad()
     def _value_of(self, obs: np.ndarray, state: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
-        """Real-scale values of ``[N, A, ...]`` observations (one step each)."""
-        h = self.split_hidden(self.tensor(hidden))[1] if hidden is not None else None
-        v, _ = self.values(self.tensor(obs).unsqueeze(0), self.tensor(state).unsqueeze(0), h, None)
-        return self._denormalize(v)[0].cpu().numpy()
+        """Real-scale values of ``[N, A, ...]`` observations (one step each), valued in chunks of
+        about ``value_chunk_bytes`` of input, so that a rollout of images never goes through the
+        critic in one pass."""
+        n = len(obs)
+        per_step = max(obs[:1].nbytes + state[:1].nbytes, 1)
+        chunk = max(1, self.value_chunk_bytes // per_step)
+        values = []
+        for start in range(0, n, chunk):
+            part = slice(start, start + chunk)
+            h = self.split_hidden(self.tensor(hidden[part]))[1] if hidden is not None else None
+            v, _ = self.values(self.tensor(obs[part]).unsqueeze(0), self.tensor(state[part]).unsqueeze(0), h, None)
+            values.append(self._denormalize(v)[0].cpu().numpy())
+        return np.concatenate(values) if values else np.zeros((0, self.n_agents), np.float32)
 
     def update(self, bootstrap: Bootstrap, progress: Progress | None = None) -> dict[str, float]:
         if not self.buffer.full:
@@ -306,15 +313,14 @@ class OnPolicyAgent(Agent):
 
     def finals(self) -> dict[str, np.ndarray] | None:
         """The rollout's truncation finals stacked as ``[N, ...]`` arrays (``t``, ``e``, ``obs``,
-        ``state``, ``agent_mask``: the slots cut there, ``hidden``), or None when there are none."""
+        ``state``, ``agent_mask``: the slots present at that step, ``hidden``), or None if there are none."""
         buf = self.buffer
         if not buf.finals:
             return None
         ts, es, fobs, fstate, fhidden = zip(*buf.finals)
         ts, es = np.array(ts), np.array(es)
-        cut = buf.truncated[ts, es] & buf.agent_mask[ts, es] & ~buf.terminated[ts, es]
-        return {"t": ts, "e": es, "obs": np.stack(fobs), "state": np.stack(fstate), "agent_mask": cut,
-                "hidden": np.stack(fhidden) if self.recurrent else None}
+        return {"t": ts, "e": es, "obs": np.stack(fobs), "state": np.stack(fstate),
+                "agent_mask": buf.agent_mask[ts, es], "hidden": np.stack(fhidden) if self.recurrent else None}
 
     @torch.no_grad()
     def joint_actions(self, obs, state, agent_mask, action_mask, hidden) -> np.ndarray:
@@ -330,6 +336,11 @@ class OnPolicyAgent(Agent):
                                       self.tensor(agent_mask).unsqueeze(0), m, h_actor, True)
         return action[0].cpu().numpy()
 
+    def value_of(self, obs: np.ndarray, state: np.ndarray, agent_mask: np.ndarray, hidden: np.ndarray | None):
+        """Real-scale values ``[N, A]`` of ``N`` steps; ``agent_mask`` ``[N, A]`` says who is present
+        (a critic that attends over agents needs it; a per-agent critic does not look)."""
+        return self._value_of(obs, state, hidden)
+
     def estimate_values(self, bootstrap: Bootstrap) -> tuple[np.ndarray, np.ndarray]:
         """Fill ``buffer.value`` (real scale) unless acting did; -> (the bootstrap value ``[E, A]``,
         the truncation values ``[T, E, A]``: the value of each cut slot's final observation)."""
@@ -338,14 +349,16 @@ class OnPolicyAgent(Agent):
         if not buf.has_values:
             flat_obs = buf.obs.reshape(T * E, *buf.obs.shape[2:])
             flat_state = buf.state.reshape(T * E, *buf.state.shape[2:])
-            buf.value[:] = self._value_of(flat_obs, flat_state, None).reshape(T, E, -1)
-        last_value = np.where(bootstrap.agent_mask, self._value_of(bootstrap.obs, bootstrap.state, bootstrap.hidden),
+            flat_mask = buf.agent_mask.reshape(T * E, -1)
+            buf.value[:] = self.value_of(flat_obs, flat_state, flat_mask, None).reshape(T, E, -1)
+        last_value = np.where(bootstrap.agent_mask,
+                              self.value_of(bootstrap.obs, bootstrap.state, bootstrap.agent_mask, bootstrap.hidden),
                               last_present_value(buf.value, buf.agent_mask))
         truncation_value = np.zeros_like(buf.value)
         finals = self.finals()
         if finals is not None:
-            truncation_value[finals["t"], finals["e"]] = self._value_of(finals["obs"], finals["state"],
-                                                                        finals["hidden"])
+            truncation_value[finals["t"], finals["e"]] = self.value_of(finals["obs"], finals["state"],
+                                                                       finals["agent_mask"], finals["hidden"])
         return last_value, truncation_value
 
     def targets(self, bootstrap: Bootstrap, last_value: np.ndarray, truncation_value: np.ndarray) -> dict:

@@ -16,7 +16,20 @@ name                    shape (vector env)          meaning
 ``terminated[g]``       ``[E, A_g]`` bool           agent's episode ended for good
 ``truncated[g]``        ``[E, A_g]`` bool           agent's episode was cut (time limit)
 ``episode_end``         ``[E]`` bool                the env finished an episode and was reset
+``agent_end[g]``        ``[E, A_g]`` bool           the agent's own episode ended, its env goes on
 ======================  ==========================  =================================================
+
+Per-agent episodes. In some envs an agent's episode ends while its env goes on, and the same agent
+slot then plays a new episode (Unity scenes with several fields, respawning agents). Such an env
+sets ``Observation.final`` in the observation ``step`` returns: for every agent that terminated or
+was truncated this step, its last observation of the finished episode (other slots as in the
+observation itself); the returned observation already shows the agent's new episode, or marks it
+absent until it asks for its next decision. The vector env reports these agents in
+``agent_end``, puts their final observation in ``StepResult.final`` (truncated agents bootstrap
+from it), logs their returns as finished episodes, and the runner resets their recurrent state.
+Envs whose agents do not come back (an agent that dies stays absent until the env resets) leave
+``final`` as None. Rewards that reach an agent while it is absent (between two of its decisions)
+belong to its last action; ``terminated``/``truncated`` may likewise arrive while it is absent.
 """
 from __future__ import annotations
 
@@ -25,15 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from marlkit.errors import EnvAPIError, EnvWorkerError  # noqa: F401  (part of the contract)
 from marlkit.spec import EnvSpec, GroupSpec, action_layout  # noqa: F401  (part of the contract)
-
-
-class EnvAPIError(RuntimeError):
-    """An env broke its own API; the message names the agent and the step."""
-
-
-class EnvWorkerError(RuntimeError):
-    """A vector-env worker died, hung or raised; the message names the env index."""
 
 
 @dataclass
@@ -44,13 +50,16 @@ class Observation:
     state: np.ndarray
     agent_mask: dict[str, np.ndarray]
     action_mask: dict[str, np.ndarray]
+    # single env only: the last observation of agents whose own episode ended while the env goes
+    # on (see "Per-agent episodes" above); None when no agent restarts
+    final: "Observation | None" = None
 
 
 @dataclass
 class StepResult:
     """One vector step. ``final`` holds, where ``episode_end`` is True, the last observation of the
     finished episode (needed to bootstrap truncated episodes); ``next`` is already the first
-    observation of the new episode there."""
+    observation of the new episode there. Likewise for single agents where ``agent_end`` is True."""
 
     next: Observation
     reward: dict[str, np.ndarray]
@@ -59,12 +68,16 @@ class StepResult:
     episode_end: np.ndarray
     final: Observation
     infos: list[dict[str, Any]] = field(default_factory=list)
+    agent_end: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 class MultiAgentEnv:
     """One env instance in ``[A_g, ...]`` arrays. Adapters implement this; vector envs batch it."""
 
     spec: EnvSpec
+    # True when pickling the env object captures its whole state, so a resumed run continues the
+    # very same episodes (see EnvConfig.exact_resume).
+    exact_resume: bool = False
 
     def reset(self, seed: int | None = None) -> Observation:
         raise NotImplementedError

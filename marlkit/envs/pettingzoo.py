@@ -91,8 +91,10 @@ class PettingZooEnv(MultiAgentEnv):
         if "env_index" in inspect.signature(factory).parameters:
             kwargs["env_index"] = index
         env = factory(**kwargs)
-        return cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
-                   check_api=cfg.check_api)
+        adapter = cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
+                      check_api=cfg.check_api)
+        adapter.exact_resume = cfg.exact_resume
+        return adapter
 
     def __init__(self, env, groups: dict[str, list[str]] | None = None, state: str = "auto",
                  max_episode_steps: int | None = None, check_api: bool = True):

@@ -46,7 +46,7 @@ class _Arrays:
                 layout[f"{which}.agent_mask.{g}"] = ob.agent_mask[g]
                 layout[f"{which}.action_mask.{g}"] = ob.action_mask[g]
             layout[f"{which}.state"] = ob.state
-        for name, dtype in (("reward", np.float32), ("terminated", bool), ("truncated", bool)):
+        for name, dtype in (("reward", np.float32), ("terminated", bool), ("truncated", bool), ("agent_end", bool)):
             for g, arr in group_arrays(spec, dtype, batch).items():
                 layout[f"{name}.{g}"] = arr
         for g, (shape, dtype) in action_shapes.items():
@@ -83,12 +83,14 @@ class _Arrays:
     def write_step(self, e: int, final: Observation, reward, terminated, truncated, done: bool,
                    next_ob: Observation | None) -> None:
         a = self.a
-        self.write_obs("final", e, final)
+        restart = final.final if not done else None   # agents that start a new episode, env going on
+        self.write_obs("final", e, restart if restart is not None else final)
         self.write_obs("next", e, next_ob if next_ob is not None else final)
         for g in self.spec.groups:
             a[f"reward.{g}"][e] = reward[g]
             a[f"terminated.{g}"][e] = terminated[g]
             a[f"truncated.{g}"][e] = truncated[g]
+            a[f"agent_end.{g}"][e] = (terminated[g] | truncated[g]) if restart is not None else False
         a["episode_end"][e] = done
 
     def actions(self, e: int) -> dict[str, np.ndarray]:
@@ -156,7 +158,11 @@ class _StatePickler(pickle.Pickler):
 
 
 def dumps_state(obj) -> bytes | None:
-    """Env state for an exact resume, or None when something in it cannot be pickled."""
+    """Env state for an exact resume, or None when the env is not declared to round-trip
+    (``exact_resume``: its state may live outside Python, in a C engine or a game process, and
+    would come back desynchronised) or something in it cannot be pickled."""
+    if not getattr(obj, "exact_resume", False):
+        return None
     buffer = io.BytesIO()
     try:
         _StatePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
@@ -167,19 +173,36 @@ def dumps_state(obj) -> bytes | None:
 
 class EpisodeStats:
     """Per-env running returns; on episode end, per group the mean over agents of their return
-    (agents never present in the episode are left out) and the episode length."""
+    (agents never present in the episode are left out) and the episode length. Agents whose own
+    episode ends while the env goes on (``agent_end``) report theirs at once: per group the mean
+    over those agents, only for the groups they belong to, and their mean length in env steps."""
 
     def __init__(self, spec: EnvSpec, num_envs: int):
         self.returns = group_arrays(spec, np.float64, (num_envs,))
         self.seen = group_arrays(spec, bool, (num_envs,))
         self.length = np.zeros(num_envs, np.int64)
+        self.agent_length = group_arrays(spec, np.int64, (num_envs,))
 
-    def update(self, acting_mask: dict, reward: dict, episode_end: np.ndarray) -> list[dict]:
+    def update(self, acting_mask: dict, reward: dict, episode_end: np.ndarray,
+               agent_end: dict | None = None) -> list[dict]:
         self.length += 1
         for g in self.returns:
-            self.returns[g] += np.where(acting_mask[g], reward[g], 0.0)
+            # a reward may reach an agent between two of its decisions (Unity): it still counts
+            self.returns[g] += np.where(acting_mask[g] | (reward[g] != 0), reward[g], 0.0)
             self.seen[g] |= acting_mask[g]
+            self.agent_length[g] += 1
         infos: list[dict] = [{} for _ in range(len(episode_end))]
+        if agent_end is not None:
+            for e in np.flatnonzero(~episode_end & np.any([m.any(-1) for m in agent_end.values()], 0)):
+                ended = {g: m[e] for g, m in agent_end.items() if m[e].any()}
+                infos[e]["episode"] = {
+                    "return": {g: float(self.returns[g][e][m].mean()) for g, m in ended.items()},
+                    "length": int(np.mean(np.concatenate([self.agent_length[g][e][m] for g, m in ended.items()]))),
+                }
+                for g, m in ended.items():
+                    self.returns[g][e][m] = 0.0
+                    self.seen[g][e][m] = False
+                    self.agent_length[g][e][m] = 0
         for e in np.flatnonzero(episode_end):
             infos[e]["episode"] = {
                 "return": {g: float(self.returns[g][e][self.seen[g][e]].mean()) if self.seen[g][e].any() else 0.0
@@ -189,6 +212,7 @@ class EpisodeStats:
             for g in self.returns:
                 self.returns[g][e] = 0.0
                 self.seen[g][e] = False
+                self.agent_length[g][e] = 0
             self.length[e] = 0
         return infos
 
@@ -203,9 +227,11 @@ class VectorEnv:
     def _finish(self, arrays: _Arrays) -> StepResult:
         reward = arrays.group("reward")
         episode_end = arrays.a["episode_end"].copy()
-        infos = self.stats.update(self._acting, reward, episode_end)
+        agent_end = arrays.group("agent_end")
+        infos = self.stats.update(self._acting, reward, episode_end, agent_end)
         result = StepResult(arrays.observation("next"), reward, arrays.group("terminated"),
-                            arrays.group("truncated"), episode_end, arrays.observation("final"), infos)
+                            arrays.group("truncated"), episode_end, arrays.observation("final"), infos,
+                            agent_end)
         self._acting = result.next.agent_mask
         return result
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from marlkit.agents.base import CHECKPOINT_VERSION, CheckpointMismatchError
+from marlkit.agents.base import CHECKPOINT_VERSION
+from marlkit.errors import CheckpointMismatchError
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -23,9 +24,7 @@ def save_checkpoint(path: Path, payload: dict) -> None:
         raise
 
 
-def load_checkpoint(path: str | Path, env_name: str, groups: dict[str, str]) -> dict:
-    """Load and check that the checkpoint fits this run (same env, same agent per group)."""
-    path = Path(path)
+def _read(path: Path) -> dict:
     if not path.is_file():
         hint = " (a run directory holds latest.pt and best.pt)" if path.is_dir() else ""
         raise FileNotFoundError(f"checkpoint {str(path)!r} does not exist{hint}")
@@ -35,9 +34,27 @@ def load_checkpoint(path: str | Path, env_name: str, groups: dict[str, str]) -> 
         raise CheckpointMismatchError(f"{str(path)!r} is not a marlkit checkpoint ({exc})") from None
     if not isinstance(state, dict) or "groups" not in state:
         raise CheckpointMismatchError(f"{str(path)!r} is not a marlkit run checkpoint")
+    return state
+
+
+def read_steps(path: str | Path) -> int:
+    """Env steps done when the checkpoint was written."""
+    state = _read(Path(path))
+    if "steps" in state:
+        return int(state["steps"])
+    import pickle
+    return int(pickle.loads(state["runner"])["steps"])
+
+
+def load_checkpoint(path: str | Path, env_name: str, groups: dict[str, str]) -> dict:
+    """Load and check that the checkpoint fits this run (same env, same agent per group)."""
+    path = Path(path)
+    state = _read(path)
     if state.get("env_name") != env_name:
-        raise CheckpointMismatchError(f"{str(path)!r} was trained on env {state.get('env_name')!r}, "
-                                      f"but this run uses env {env_name!r}")
+        theirs = state.get("env_name")
+        raise CheckpointMismatchError(f"{str(path)!r} was trained on env {theirs!r}, but this run uses env "
+                                      f"{env_name!r}; pass --env {theirs} (or the YAML file it was trained "
+                                      "with: see config.yaml beside the checkpoint)")
     theirs = {g: s.get("agent") for g, s in state["groups"].items()}
     missing = sorted(set(groups) - set(theirs))
     if missing:

@@ -6,6 +6,7 @@ looks at which algorithm it drives.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import random
 import signal
@@ -20,11 +21,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from marlkit.agents.base import Agent, Bootstrap, Progress, TrainingDivergedError
+from marlkit.agents.base import Agent, Bootstrap, Progress
 from marlkit.buffers import Transition
-from marlkit.config import ConfigError, RunConfig, save_config
-from marlkit.envs.core import EnvAPIError, Observation
+from marlkit.config import RunConfig, save_config
+from marlkit.envs.core import Observation
 from marlkit.envs.factory import make_env_vector
+from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, RunInterrupted,
+                            TrainingDivergedError)
 from marlkit.logger import Logger
 from marlkit.registry import closest, get_agent
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
@@ -58,6 +61,41 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+class _StopRequest:
+    """While training, Ctrl+C or SIGTERM asks for a stop at the next rollout boundary, where the
+    agents, envs and counters agree and a checkpoint is consistent; a second signal stops at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.signum is not None
+
+    @contextmanager
+    def deferred(self):
+        def handler(signum, frame):
+            if self.signum is not None:
+                raise KeyboardInterrupt(f"signal {signum}")
+            self.signum = signum
+            tqdm.write("marlkit: stopping at the end of this rollout to save a checkpoint "
+                       "(press Ctrl+C again to stop at once, without saving)")
+
+        try:
+            previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        except ValueError:  # not the main thread: signals stay as they are
+            yield
+            return
+        try:
+            yield
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+class _EvaluationStopped(Exception):
+    pass
+
+
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
     base = Path(cfg.runner.run_root) / Path(cfg.env_name).stem / cfg.agent
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -72,7 +110,12 @@ def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
 
 
 class Runner:
-    """Builds the vector env and one agent per group from a validated :class:`RunConfig`."""
+    """Builds the vector env and one agent per group from a validated :class:`RunConfig`.
+
+    Nothing is written to disk until the envs and agents are built (and, on resume, restored):
+    a run that fails before its first step leaves no run directory behind, and a failed
+    ``--resume`` leaves the run as it was.
+    """
 
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None):
         self.cfg = cfg
@@ -91,8 +134,7 @@ class Runner:
             if not Path(cfg.load).is_file():
                 raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
             load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
-        self.run_dir = run_dir or new_run_dir(cfg, "_test" if cfg.mode == "test" else "")
-        save_config(cfg, self.run_dir / "config.yaml")
+        self.run_dir = run_dir
         self.venv = None
         self.logger = None
         self.agents: dict[str, Agent] = {}
@@ -103,6 +145,12 @@ class Runner:
         np.random.seed(seed)
         torch.manual_seed(seed)
 
+    def _open_run_dir(self) -> None:
+        """Create the run directory (a resumed run keeps its own) and write the resolved config."""
+        if self.run_dir is None:
+            self.run_dir = new_run_dir(self.cfg, "_test" if self.cfg.mode == "test" else "")
+        save_config(self.cfg, self.run_dir / "config.yaml")
+
     # ------------------------------------------------------------------ building
 
     def _group_agent_names(self, groups) -> dict[str, str]:
@@ -110,6 +158,10 @@ class Runner:
         if unknown:
             raise ConfigError(f"groups: unknown group {unknown[0]!r}{closest(unknown[0], groups)}; this env's "
                               f"groups are {', '.join(groups)}")
+        best = self.cfg.runner.best_metric
+        if best is not None and best not in groups:
+            raise ConfigError(f"runner.best_metric: {best!r} is not a group of this env{closest(best, groups)}; "
+                              f"choose one of {', '.join(groups)}, or null for the mean over the learning groups")
         return {g: (self.cfg.groups[g].agent if g in self.cfg.groups and self.cfg.groups[g].agent
                     else self.cfg.agent) for g in groups}
 
@@ -126,7 +178,7 @@ class Runner:
             ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
                 if group_cfg is not None and group_cfg.load else run_ckpt
             if ckpt is not None:
-                agents[g].load_state_dict(ckpt["groups"][g], weights_only=True)
+                _load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
         return agents
 
     def _learning(self, g: str) -> bool:
@@ -146,40 +198,48 @@ class Runner:
                 for g, agent in self.agents.items()}
 
     @staticmethod
-    def _advance_hidden(outs: dict, episode_end: np.ndarray) -> dict:
+    def _advance_hidden(outs: dict, episode_end: np.ndarray, agent_end: dict) -> dict:
+        """The hidden state for the next step: zero where an env, or one agent's episode, ended."""
         hidden = {}
         for g, out in outs.items():
             h = out.hidden
-            if h is not None and episode_end.any():
+            ended = agent_end.get(g)
+            if h is not None and (episode_end.any() or (ended is not None and ended.any())):
                 h = h.copy()
                 h[episode_end] = 0.0
+                if ended is not None:
+                    h[ended] = 0.0
             hidden[g] = h
         return hidden
 
-    def run_episodes(self, venv, n_episodes: int, explore: bool, seed: int, on_frame=None) -> list[dict]:
+    def run_episodes(self, venv, n_episodes: int, explore: bool, seed: int, on_frame=None,
+                     stop=None) -> list[dict]:
         """Play exactly ``n_episodes`` (split evenly over the envs, so short episodes are not
-        over-sampled) and return their per-group returns."""
+        over-sampled) and return their per-group returns. ``on_frame(k)`` is called after every
+        step with the number of episodes env 0 has finished; a truthy ``stop`` (a stop request) aborts."""
         quota = np.full(venv.num_envs, n_episodes // venv.num_envs)
         quota[: n_episodes % venv.num_envs] += 1
         done = np.zeros(venv.num_envs, int)
         results: list[dict] = []
         obs = venv.reset(seed=seed)
         if on_frame is not None:
-            on_frame()
+            on_frame(0)
         hidden = {g: a.initial_hidden(venv.num_envs) for g, a in self.agents.items()}
         limit = self.cfg.runner.episode_step_limit * int(quota.max())
         for _ in range(limit):
             if (done >= quota).all():
                 break
+            if stop:
+                raise _EvaluationStopped()
             outs = self._act(obs, hidden, explore)
             res = venv.step({g: out.actions for g, out in outs.items()})
-            if on_frame is not None:
-                on_frame()
             for e, info in enumerate(res.infos):
                 if "episode" in info and done[e] < quota[e]:
                     done[e] += 1
                     results.append({"return": info["episode"]["return"], "length": info["episode"]["length"]})
-            hidden = self._advance_hidden(outs, res.episode_end)
+            if on_frame is not None:
+                on_frame(int(done[0]))
+            hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
             obs = res.next
         else:
             raise EnvAPIError(f"{int(done.sum())} of {n_episodes} episodes ended within {limit} steps per env; "
@@ -191,22 +251,39 @@ class Runner:
 
     def train(self, evaluate: bool = False) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
-        result = RunResult(self.run_dir, cfg.mode)
+        stop = _StopRequest()
         with _terminate_as_interrupt():
             try:
                 self.venv = self._make_venv()
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
-                self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
                 eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync") \
                     if evaluate else None
                 try:
-                    self._train_loop(result, eval_venv)
+                    state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
+                    self._open_run_dir()
+                    self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
+                    result = RunResult(self.run_dir, cfg.mode)
+                    with stop.deferred():
+                        self._train_loop(result, state, eval_venv, stop)
                 finally:
                     if eval_venv is not None:
                         eval_venv.close()
+            except KeyboardInterrupt as exc:
+                if isinstance(exc, RunInterrupted):
+                    raise
+                raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
             finally:
                 self.close()
         return result
+
+    def _interrupt_message(self, saved_now: bool) -> str:
+        latest = self.run_dir / "latest.pt" if self.run_dir is not None else None
+        if latest is None or not latest.is_file():
+            return "interrupted before the first checkpoint; nothing was saved"
+        from marlkit.runners.checkpoint import read_steps
+        what = "saved" if saved_now else "the last checkpoint is"
+        return (f"interrupted; {what} {latest} (step {read_steps(latest)} of {self.cfg.runner.total_steps}); "
+                f"continue with: marlkit --resume {self.run_dir}")
 
     def _fresh_state(self) -> dict:
         obs = self.venv.reset(seed=self.cfg.seed * 10_000)
@@ -219,15 +296,16 @@ class Runner:
         names = self._group_agent_names(self.venv.spec.groups)
         ckpt = load_checkpoint(path, self.cfg.env_name, names)
         for g, agent in self.agents.items():
-            agent.load_state_dict(ckpt["groups"][g])
+            _load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
         state = pickle.loads(ckpt["runner"])
         if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
         else:
             state["obs"] = self.venv.reset(seed=self.cfg.seed * 10_000 + state["steps"])
             state["hidden"] = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
-            tqdm.write("resume: the envs cannot be saved, so they start fresh episodes; "
-                       "the run continues but is not bit-identical to an uninterrupted one")
+            tqdm.write("resume: this env is not known to come back exactly from a checkpoint (env.exact_resume "
+                       "is false), so it starts fresh episodes; agents, optimisers and counters continue "
+                       "exactly, the env trajectory does not")
         rng = ckpt["rng"]
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
@@ -238,22 +316,27 @@ class Runner:
         runner_state = {**state, "venv": venv_blob is not None}
         save_checkpoint(path, {
             "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
-            "groups": {g: a.state_dict() for g, a in self.agents.items()},
+            "steps": state["steps"], "groups": {g: a.state_dict() for g, a in self.agents.items()},
             "runner": pickle.dumps(runner_state), "venv": venv_blob,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}})
 
-    def _train_loop(self, result: RunResult, eval_venv) -> None:
+    def _save_latest(self, state: dict) -> None:
+        self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
+
+    def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: _StopRequest) -> None:
         cfg, rc = self.cfg, self.cfg.runner
         E = self.venv.num_envs
-        state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
+        per_update = rc.horizon * E
+        # total_steps is rounded up to whole rollouts; the bar shows the real end
+        total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
-        bar = tqdm(total=rc.total_steps, initial=state["steps"], unit="step", disable=not rc.progress,
+        bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
                    dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         last_t, last_steps = time.perf_counter(), state["steps"]
         start_t, start_steps = last_t, state["steps"]
-        if eval_venv is not None and state["steps"] >= state["next_eval"]:
-            self._evaluate(state, eval_venv, result)
         try:
+            if eval_venv is not None and state["steps"] >= state["next_eval"]:
+                self._evaluate(state, eval_venv, result, stop)
             while state["steps"] < rc.total_steps:
                 obs, hidden = state["obs"], state["hidden"]
                 for _ in range(rc.horizon):
@@ -269,10 +352,10 @@ class Runner:
                         if "episode" in info:
                             state["recent"].append(info["episode"]["return"])
                             state["episodes"] += 1
-                    hidden = self._advance_hidden(outs, res.episode_end)
+                    hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
                     obs = res.next
-                state["steps"] += rc.horizon * E
-                bar.update(rc.horizon * E)
+                state["steps"] += per_update
+                bar.update(per_update)
                 metrics = {}
                 for g in learners:
                     update = self.agents[g].update(Bootstrap(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g],
@@ -281,7 +364,7 @@ class Runner:
                 state.update(obs=obs, hidden=hidden, updates=state["updates"] + 1)
                 if state["recent"]:
                     for g in self.agents:
-                        metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"]]))
+                        metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
                 result.metrics = metrics
                 if state["steps"] >= state["next_log"] or state["steps"] >= rc.total_steps:
                     now = time.perf_counter()
@@ -291,18 +374,27 @@ class Runner:
                     state["next_log"] = state["steps"] + rc.log_interval
                     shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
                     if state["recent"]:
-                        shown["return"] = " ".join(f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents)
+                        shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
                     bar.set_postfix(shown, refresh=False)
                 finished = state["steps"] >= rc.total_steps
+                if stop:
+                    self._save_latest(state)
+                    raise RunInterrupted(self._interrupt_message(saved_now=True))
                 if eval_venv is not None and (state["steps"] >= state["next_eval"] or finished):
-                    self._evaluate(state, eval_venv, result)
-                if state["steps"] >= state["next_save"] or state["steps"] >= rc.total_steps:
-                    self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
+                    try:
+                        self._evaluate(state, eval_venv, result, stop)
+                    except _EvaluationStopped:
+                        self._save_latest(state)
+                        raise RunInterrupted(self._interrupt_message(saved_now=True)) from None
+                if state["steps"] >= state["next_save"] or finished:
+                    self._save_latest(state)
                     state["next_save"] = state["steps"] + rc.save_interval
         except TrainingDivergedError as exc:
             kept = self.run_dir / "latest.pt"
             where = f"the last good checkpoint is {kept}" if kept.is_file() else "no checkpoint was written yet"
             raise TrainingDivergedError(f"training stopped at step {state['steps']}: {exc}; {where}") from None
+        except _EvaluationStopped:
+            raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
         finally:
             bar.close()
         result.steps = state["steps"]
@@ -312,50 +404,64 @@ class Runner:
         result.metrics["perf/env_steps_per_s_overall"] = (state["steps"] - start_steps) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = elapsed
 
-    def _evaluate(self, state: dict, eval_venv, result: RunResult) -> None:
+    def _score(self, row: dict) -> float:
+        """The figure best.pt is chosen on (``runner.best_metric``)."""
+        if self.cfg.runner.best_metric is not None:
+            return row["mean"][self.cfg.runner.best_metric]
+        return float(np.mean([row["mean"][g] for g in self.agents if self._learning(g)] or
+                             list(row["mean"].values())))
+
+    def _evaluate(self, state: dict, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
         episodes = self.run_episodes(eval_venv, rc.eval_episodes, explore=not rc.eval_deterministic,
-                                     seed=self.cfg.seed * 10_000 + 777)
+                                     seed=self.cfg.seed * 10_000 + 777, stop=stop)
         row = {"step": state["steps"], "mean": {}, "std": {}}
         for g in self.agents:
-            values = np.array([ep["return"][g] for ep in episodes])
+            values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
             row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
-        score = float(np.mean([row["mean"][g] for g in self.agents if self._learning(g)] or
-                              list(row["mean"].values())))
-        row["score"] = score
+        row["score"] = self._score(row)
         state["evaluations"].append(row)
         self.logger.log({f"eval/{g}/return": row["mean"][g] for g in self.agents}, state["steps"])
-        if state["best"] is None or score > state["best"]["score"]:
+        if state["best"] is None or row["score"] > state["best"]["score"]:
             state["best"] = row
             self._checkpoint(self.run_dir / "best.pt", state, None)
         state["next_eval"] = state["steps"] + rc.eval_interval
 
     def benchmark(self) -> RunResult:
         result = self.train(evaluate=True)
-        write_benchmark_report(self.cfg, result)
+        write_benchmark_report(self.cfg, result, best_metric=self.best_metric_description())
         return result
+
+    def best_metric_description(self) -> str:
+        best = self.cfg.runner.best_metric
+        return f"return of group {best!r}" if best else "mean return of the learning groups"
 
     # ------------------------------------------------------------------ test
 
     def test(self) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
-        result = RunResult(self.run_dir, "test")
         with _terminate_as_interrupt():
             try:
                 render = cfg.render
                 self.venv = self._make_venv(1 if render else min(rc.eval_parallels, rc.test_episodes),
                                             render=render, vectorize="sync")
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
+                self._open_run_dir()
                 fps = rc.video_fps or self.venv.spec.render_fps
-                frames: list = []
-                on_frame = (lambda: frames.append(self.venv.render(0))) if render else None
+                frames: dict[int, list] = {}
+
+                def on_frame(episode: int) -> None:
+                    if episode < rc.test_episodes:
+                        frames.setdefault(episode, []).append(self.venv.render(0))
+
                 episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
-                                             seed=cfg.seed * 10_000 + 999, on_frame=on_frame)
+                                             seed=cfg.seed * 10_000 + 999, on_frame=on_frame if render else None)
             finally:
                 self.close()
+        result = RunResult(self.run_dir, "test")
         summary = {}
         for g in self.agents:
-            values = np.array([ep["return"][g] for ep in episodes])
+            values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
             summary[g] = {"mean": float(values.mean()), "std": float(values.std()), "episodes": len(values)}
             result.metrics[f"{g}/return_mean"] = summary[g]["mean"]
         result.episode_returns = [ep["return"] for ep in episodes]
@@ -364,8 +470,11 @@ class Runner:
         for g, s in summary.items():
             print(f"  {g:<16} return {s['mean']:9.3f} ± {s['std']:.3f}")
         if render:
-            video = write_video(self.run_dir, [f for f in frames if f is not None], fps)
-            print(f"  video: {video}" if video else "  (the env rendered no frames)")
+            videos = [write_video(self.run_dir / f"episode_{k + 1}", [f for f in shots if f is not None], fps)
+                      for k, shots in sorted(frames.items())]
+            videos = [v for v in videos if v is not None]
+            print(f"  videos: {len(videos)} in {self.run_dir} ({', '.join(v.name for v in videos)})" if videos
+                  else "  (the env rendered no frames)")
         return result
 
     def close(self) -> None:
@@ -375,3 +484,15 @@ class Runner:
         if self.logger is not None:
             self.logger.close()
             self.logger = None
+
+
+def _load_group(agent: Agent, state: dict, name: str, weights_only: bool) -> None:
+    """Load one group's checkpoint; a network that does not fit the agent's settings is a clear
+    error, not a tensor-shape traceback."""
+    try:
+        agent.load_state_dict(state, weights_only=weights_only)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise CheckpointMismatchError(f"the checkpoint of group {agent.group.name!r} does not fit the settings in "
+                                      f"agents.{name} ({first}); use the network settings it was trained with "
+                                      "(config.yaml beside the checkpoint)") from None

@@ -9,11 +9,13 @@ import numpy as np
 from marlkit.config import RunConfig
 
 
-def write_benchmark_report(cfg: RunConfig, result) -> None:
-    """``benchmark.json``, ``learning_curve.png`` and a summary table on stdout."""
+def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
+    """``benchmark.json``, ``learning_curve.png`` and a summary table on stdout; ``best_metric``
+    says in words what the "best" evaluation was chosen on."""
     evals = result.evaluations
     best = max(evals, key=lambda r: r["score"]) if evals else None
     report = {"agent": cfg.agent, "env": cfg.env_name, "seed": cfg.seed, "steps": result.steps,
+              "best_metric": best_metric,
               "env_steps_per_s": result.metrics.get("perf/env_steps_per_s_overall"),
               "wall_time_s": result.metrics.get("perf/wall_time_s"),
               "best": best, "final": evals[-1] if evals else None, "evaluations": evals,
@@ -40,20 +42,24 @@ def write_benchmark_report(cfg: RunConfig, result) -> None:
     plt.close(fig)
     print(f"\nbenchmark: {cfg.agent} on {Path(cfg.env_name).stem}, {result.steps} env steps, "
           f"{report['env_steps_per_s'] or 0:.0f} env-steps/s")
-    print(f"  {'group':<16}{'final':>12}{'best':>12}{'best @ step':>14}")
+    print(f"  {'eval return of group':<22}{'final':>12}{'at best.pt':>12}")
     for g in (best["mean"] if best else {}):
-        print(f"  {g:<16}{evals[-1]['mean'][g]:>12.3f}{best['mean'][g]:>12.3f}{best['step']:>14}")
+        print(f"  {g:<22}{evals[-1]['mean'][g]:>12.3f}{best['mean'][g]:>12.3f}")
+    if best:
+        print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric)")
     print(f"  report: {result.run_dir / 'benchmark.json'}")
 
 
-def write_video(run_dir: Path, frames: list, fps: int) -> Path | None:
+def write_video(stem: Path, frames: list, fps: int) -> Path | None:
+    """``stem.mp4``, or ``stem.gif`` where no ffmpeg plugin is installed."""
     if not frames:
         return None
     import imageio.v2 as imageio
     try:
-        path = run_dir / "episode.mp4"
+        path = stem.with_suffix(".mp4")
         imageio.mimsave(path, frames, fps=fps)
     except Exception:  # no ffmpeg plugin: a gif needs nothing extra
-        path = run_dir / "episode.gif"
+        path.unlink(missing_ok=True)
+        path = stem.with_suffix(".gif")
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
     return path

@@ -132,9 +132,19 @@ class DoomMatch:
         pid = self.procs[i].pid if i < len(self.procs) else None
         return f"{self.name}: player_{i} (pid {pid})"
 
-    def _fail(self, message: str) -> DoomPlayerError:
+    def _fail(self, message: str, player: int | None = None) -> DoomPlayerError:
+        tail = self._log_tail(player) if player is not None else ""
         self.close(grace=0.0)
-        return DoomPlayerError(message)
+        return DoomPlayerError(message + (f"\nlast engine output of player_{player}:\n{tail}" if tail else ""))
+
+    def _log_tail(self, player: int, lines: int = 6) -> str:
+        try:
+            with open(worker.log_path(self.work_dir, player), errors="replace") as f:
+                text = f.read()[-4000:]
+        except (OSError, TypeError):
+            return ""
+        kept = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+        return "\n".join("  " + line for line in kept[-lines:])
 
     def _gather(self, what: str, timeout: float, expect: str = "ok") -> list:
         deadline = time.monotonic() + timeout
@@ -143,17 +153,17 @@ class DoomMatch:
             while not conn.poll(0.02):
                 if not proc.is_alive() and not conn.poll(0):
                     proc.join(0.1)
-                    raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}")
+                    raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}", i)
                 if time.monotonic() > deadline:
                     raise self._fail(f"{self._who(i)} did not answer within {timeout:g} s while {what} "
-                                     "(env.player_timeout); the match was stopped")
+                                     "(env.player_timeout); the match was stopped", i)
             try:
                 status, payload = conn.recv()
             except (EOFError, OSError):
                 proc.join(0.5)
-                raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}") from None
+                raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}", i) from None
             if status == "error":
-                raise self._fail(f"{self._who(i)} failed while {what}: {payload}")
+                raise self._fail(f"{self._who(i)} failed while {what}: {payload}", i)
             if status != expect:
                 raise self._fail(f"{self._who(i)} answered {status!r} while {what}")
             out.append(payload)
@@ -168,7 +178,7 @@ class DoomMatch:
             except OSError:
                 proc = self.procs[i]
                 proc.join(0.5)
-                raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}") from None
+                raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}", i) from None
         return self._gather(what, self.timeout)
 
     def reset(self, seed: int | None = None) -> list:

@@ -55,6 +55,10 @@ class PlayerSettings:
     barrier_timeout: float = 10.0
 
 
+def log_path(work_dir: str, player: int) -> str:
+    return os.path.join(work_dir, f"player_{player}.log")
+
+
 def _kill_group(*_):
     os.killpg(0, signal.SIGKILL)
 
@@ -137,6 +141,10 @@ def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     signal.signal(signal.SIGTERM, _kill_group)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     os.chdir(settings.work_dir)    # crash logs land in the current directory whatever the config says
+    # The engine (our child) inherits these: its chatter goes to a log the parent quotes on failure.
+    log = os.open(log_path(settings.work_dir, settings.player), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
     game = None
     try:
         game = build_game(settings)
