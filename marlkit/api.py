@@ -34,16 +34,19 @@ def build_config(agent: str | None = None, env: str | None = None, mode: str = "
         return _resume_config(Path(resume), agent, env, mode, files, nested)
     import_modules(list(nested.get("imports") or []))
     if nested.get("load"):
-        import_modules(_imports_of_run(Path(nested["load"]).parent))
+        # what the checkpoint was trained with: its imports, and its agent and env unless given
+        saved = _saved_config(Path(nested["load"]).parent)
+        import_modules(list(saved.get("imports") or []))
+        agent, env = agent or saved.get("agent"), env or saved.get("env_name")
     return resolve(agent=agent or "MAPPO", env=env or "mpe_spread", config_files=files, overrides=nested,
                    mode=mode)
 
 
-def _imports_of_run(run_dir: Path) -> list[str]:
-    """The ``--import`` modules a run was trained with, so that testing or resuming it needs no
-    flag repeated."""
+def _saved_config(run_dir: Path) -> dict:
+    """The config.yaml of a run directory ({} if there is none), so that testing or continuing a
+    checkpoint needs no flag repeated."""
     saved = run_dir / "config.yaml"
-    return list(load_yaml(saved).get("imports") or []) if saved.is_file() else []
+    return load_yaml(saved) if saved.is_file() else {}
 
 
 def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: dict):
@@ -69,9 +72,10 @@ def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: di
     merged = deep_merge(data, nested)
     merged.update(mode=mode, resume=str(run_dir), imports=imports)
     after = from_dict(merged)
-    for key in FROZEN_ON_RESUME:
-        old, new = _get(to_plain(before), key), _get(to_plain(after), key)
+    for frozen in FROZEN_ON_RESUME:
+        old, new = _get(to_plain(before), frozen), _get(to_plain(after), frozen)
         if old != new:
+            key, old, new = _first_difference(frozen, old, new)
             raise ConfigError(f"--resume: {key} cannot change when a run is continued (the run was saved with "
                               f"{key}={_short(old)}, now {_short(new)}); drop that --set, or start a new run "
                               f"with --load {latest} to begin from its weights")
@@ -81,6 +85,14 @@ def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: di
                           f"{after.runner.total_steps} env steps); to train it further pass a larger budget, "
                           f"e.g. --set runner.total_steps={2 * after.runner.total_steps}")
     return after
+
+
+def _first_difference(key: str, old, new) -> tuple[str, object, object]:
+    """The innermost dotted key where two settings differ (``env.kwargs.N``, not all of ``env``)."""
+    while isinstance(old, dict) and isinstance(new, dict):
+        changed = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
+        key, old, new = f"{key}.{changed[0]}", old.get(changed[0]), new.get(changed[0])
+    return key, old, new
 
 
 def _get(data: dict, dotted: str):

@@ -90,7 +90,13 @@ class PettingZooEnv(MultiAgentEnv):
         factory = import_factory(cfg.factory)
         if "env_index" in inspect.signature(factory).parameters:
             kwargs["env_index"] = index
-        env = factory(**kwargs)
+        try:
+            env = factory(**kwargs)
+        except TypeError as exc:
+            if "keyword argument" not in str(exc):
+                raise
+            raise ConfigError(f"env.kwargs: the env factory {cfg.factory!r} refused them ({exc}); "
+                              f"env.kwargs was {dict(cfg.kwargs)!r}") from None
         adapter = cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
                       check_api=cfg.check_api)
         adapter.exact_resume = cfg.exact_resume

@@ -1,0 +1,306 @@
+"""A run is never lost or bricked: resume is validated before anything is written, an interrupt saves
+a checkpoint, imports travel with the run, and an env is only restored exactly when it round-trips."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+
+import marlkit
+from marlkit.config import ConfigError
+from marlkit.runners.checkpoint import read_steps
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "runner.eval_episodes=2",
+        "runner.eval_parallels=2", "runner.log_interval=50"]
+
+
+def cli_env(**extra):
+    path = os.pathsep.join([os.path.dirname(__file__), str(EXAMPLES)])
+    return {**os.environ, "SDL_VIDEODRIVER": "dummy", "PYTHONPATH": path, **extra}
+
+
+def cli(*args, timeout=300, **env):
+    return subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True,
+                          env=cli_env(**env), timeout=timeout)
+
+
+def run_dirs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("config.yaml"))
+
+
+def snapshot(run: Path) -> dict:
+    """Every file of a run directory with its bytes, to show that a refused command wrote nothing."""
+    return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+
+
+# -- a toy env whose state lives outside Python (as in a C engine or a game process) ------------------
+
+_ENGINES: dict[int, dict] = {}
+
+
+class OutsideStateEnv(ParallelEnv):
+    """Two agents; the step counter of the episode is kept twice, on the Python side and in an
+    'engine' that pickling cannot capture. Should the two ever disagree the env raises, which is what
+    continuing a desynchronised env would silently do to a real engine."""
+
+    metadata = {"name": "outside_state_v0"}
+
+    def __init__(self, length=7):
+        self.length = length
+        self.possible_agents = ["a_0", "a_1"]
+        self.agents = []
+        self.t = 0
+
+    @property
+    def engine(self) -> dict:
+        return _ENGINES.setdefault(id(self), {"t": 0})
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _obs(self):
+        return {a: np.array([self.engine["t"] / self.length, i], np.float32) for i, a in enumerate(self.agents)}
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        self.t = self.engine["t"] = 0
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        if self.engine["t"] != self.t:
+            raise RuntimeError(f"desynchronised: python step {self.t}, engine step {self.engine['t']}")
+        self.t += 1
+        self.engine["t"] += 1
+        end = self.t >= self.length
+        obs = self._obs()
+        rewards = {a: float(actions[a]) for a in self.agents}
+        done = {a: end for a in self.agents}
+        infos = {a: {} for a in self.agents}
+        if end:
+            self.agents = []
+        return obs, rewards, done, {a: False for a in done}, infos
+
+
+def outside_state(**kwargs):
+    return OutsideStateEnv(**kwargs)
+
+
+# -- --set env.* ----------------------------------------------------------------------------------------
+
+def test_set_env_keys_work_from_the_cli(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "env.kwargs.N=2",
+              "env.max_episode_steps=10", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(root)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["env"]["kwargs"]["N"] == 2 and saved["env"]["max_episode_steps"] == 10
+    # the env really had 2 agents: the checkpoint's group spec says so
+    import torch
+    group = torch.load(run / "latest.pt", weights_only=False)["groups"]["agents"]["group"]
+    assert group["agents"] == ["agent_0", "agent_1"]
+
+
+# -- resume is validated before anything is written ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A short run stopped at 100 of 200 env steps (latest.pt holds step 100)."""
+    root = tmp_path_factory.mktemp("saved") / "runs"
+    out = cli("--set", f"runner.run_root={root}", "runner.total_steps=100", "runner.save_interval=50", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(root)
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved["runner"]["total_steps"] = 200
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    return run
+
+
+@pytest.mark.parametrize("change,key,saved_value", [
+    ("runner.parallels=8", "runner.parallels", "2"),
+    ("runner.horizon=10", "runner.horizon", "25"),
+    ("env.kwargs.N=4", "env.kwargs.N", "3"),
+    ("seed=5", "seed", "1"),
+])
+def test_resume_with_a_frozen_setting_changed_is_refused_and_the_run_stays_intact(saved_run, change, key,
+                                                                                   saved_value):
+    before = snapshot(saved_run)
+    out = cli("--resume", str(saved_run), "--set", change)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    [line] = [line for line in out.stderr.splitlines() if line.strip()]
+    assert f"--resume: {key} cannot change when a run is continued (the run was saved with {key}=" in line
+    assert saved_value in line and "drop that --set" in line
+    assert snapshot(saved_run) == before
+
+
+def test_a_refused_resume_leaves_the_run_resumable(saved_run, tmp_path):
+    import shutil
+    run = tmp_path / saved_run.name
+    shutil.copytree(saved_run, run)
+    assert cli("--resume", str(run), "--set", "runner.parallels=8").returncode == 2
+    out = cli("--resume", str(run))
+    assert out.returncode == 0, out.stderr
+    assert read_steps(run / "latest.pt") == 200
+
+
+def test_resume_without_latest_checkpoint_fails_before_any_env_starts(saved_run, tmp_path):
+    run = tmp_path / "no_checkpoint"
+    run.mkdir()
+    (run / "config.yaml").write_text((saved_run / "config.yaml").read_text())
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match="saved no latest.pt .* nothing to continue; start a new run"):
+        marlkit.run(resume=str(run))
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    assert time.monotonic() - start < 5
+
+
+def test_resume_of_a_finished_run_says_so_and_how_to_extend_it(saved_run, tmp_path):
+    import shutil
+    run = tmp_path / saved_run.name
+    shutil.copytree(saved_run, run)
+    assert cli("--resume", str(run)).returncode == 0
+    before = snapshot(run)
+    out = cli("--resume", str(run))
+    assert out.returncode == 2
+    assert "is finished (200 of 200 env steps)" in out.stderr and "--set runner.total_steps=400" in out.stderr
+    assert snapshot(run) == before      # in particular no new, empty events file
+    out = cli("--resume", str(run), "--set", "runner.total_steps=250")
+    assert out.returncode == 0, out.stderr
+    assert read_steps(run / "latest.pt") == 250
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, env_yaml):
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:scripted", {"no_such_option": 1})
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert not root.exists() or not any(root.rglob("*"))
+
+
+# -- an interrupt saves a consistent checkpoint ----------------------------------------------------------
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig):
+    root = tmp_path / "runs"
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--set", f"runner.run_root={root}",
+                             "runner.total_steps=100000000", "runner.save_interval=100000000", *TINY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    deadline = time.monotonic() + 120
+    while not list(root.rglob("config.yaml")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)   # some rollouts in
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    [run] = run_dirs(root)
+    latest = run / "latest.pt"
+    steps = read_steps(latest)
+    assert steps > 0 and steps % 50 == 0          # a rollout boundary: 2 envs x horizon 25
+    assert f"interrupted; saved {latest} (step {steps} of 100000000); continue with: marlkit --resume {run}" \
+        in stderr
+    assert "Traceback" not in stderr
+    assert not list(run.glob("*.tmp*"))
+    out = cli("--resume", str(run), "--set", f"runner.total_steps={steps + 50}")
+    assert out.returncode == 0, out.stderr
+    assert read_steps(latest) == steps + 50
+
+
+# -- imports travel with the run ---------------------------------------------------------------------------
+
+def test_imported_agent_is_recorded_and_reimported_on_resume_and_test(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--import", "custom_agent", "--agent", "MAPPO_ENT_DECAY", "--set", f"runner.run_root={root}",
+              "runner.total_steps=50", "runner.save_interval=50", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(root)
+    assert yaml.safe_load((run / "config.yaml").read_text())["imports"] == ["custom_agent"]
+    out = cli("--resume", str(run), "--set", "runner.total_steps=100")
+    assert out.returncode == 0, out.stderr
+    assert read_steps(run / "latest.pt") == 100
+    out = cli("--test", "--load", str(run / "latest.pt"), "--set", f"runner.run_root={root}",
+              "runner.test_episodes=2", *TINY)
+    assert out.returncode == 0, out.stderr
+    assert "return" in out.stdout
+    out = cli("--agent", "MAPPO_ENT_DECAY", "--set", f"runner.run_root={root}", *TINY)
+    assert out.returncode == 2 and "pass --import <module>" in out.stderr
+
+
+# -- exact resume only for envs that round-trip -------------------------------------------------------------
+
+def test_env_with_state_outside_python_resumes_with_fresh_episodes(tiny, env_yaml, capsys):
+    path = env_yaml("test_run_safety:outside_state", {"length": 7})
+    common = {**tiny, "runner.parallels": 2, "runner.horizon": 10, "runner.save_interval": 40}
+    half = marlkit.run(agent="MAPPO", env=path, seed=2, **{**common, "runner.total_steps": 40})
+    capsys.readouterr()
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 100})
+    assert resumed.steps == 100
+    assert "starts fresh episodes" in capsys.readouterr().out    # and the env never raised: in sync
+
+    # Declaring such an env exact would restore the Python side over a fresh engine: the very
+    # desynchronisation the default avoids.
+    exact = env_yaml("test_run_safety:outside_state", {"length": 7}, name="exact.yaml", env={"exact_resume": True})
+    half = marlkit.run(agent="MAPPO", env=exact, seed=2, **{**common, "runner.total_steps": 40})
+    with pytest.raises(Exception, match="desynchronised"):
+        marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 100})
+
+
+def test_mpe_tag_resumes_exactly_with_two_groups(tiny):
+    common = {**tiny, "runner.parallels": 2, "runner.horizon": 25, "runner.eval_interval": 10 ** 9}
+    full = marlkit.run(agent="MAPPO", env="mpe_tag", seed=3, **{**common, "runner.total_steps": 300})
+    half = marlkit.run(agent="MAPPO", env="mpe_tag", seed=3, **{**common, "runner.total_steps": 150,
+                                                                "runner.save_interval": 150})
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 300})
+    assert resumed.episode_returns == full.episode_returns
+    for key, value in full.metrics.items():
+        if not key.startswith("perf/"):
+            assert resumed.metrics[key] == value, key
+
+
+# -- say what happens ------------------------------------------------------------------------------------------
+
+def test_yaml_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("runner:\n  parallels: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml") as err:
+        marlkit.run(config=[str(bad)])
+    assert "<unicode string>" not in str(err.value)
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("runner:\n  paralels: 4\n")
+    with pytest.raises(ConfigError, match=r"unknown\.yaml.*unknown key 'runner\.paralels' \(did you mean 'parallels'\?\)"):
+        marlkit.run(config=[str(unknown)])
+
+
+def test_best_metric_names_a_group(tiny):
+    with pytest.raises(ConfigError, match=r"runner.best_metric: 'good' is not a group of this env; "
+                                          r"choose one of adversary, agent, or null for the mean"):
+        marlkit.run(agent="MAPPO", env="mpe_tag", **{**tiny, "runner.best_metric": "good"})
+
+
+def test_wandb_offline_says_where_the_run_is_and_how_to_sync(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--logger", "wandb", "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY,
+              WANDB_MODE="offline", WANDB_SILENT="true")
+    assert out.returncode == 0, out.stderr
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("wandb: logging offline")]
+    assert "(WANDB_MODE=offline)" in line
+    where = line.split("wandb sync ")[1].strip()
+    assert Path(where).is_dir() and Path(where).is_relative_to(root)
+
+
+def test_progress_bar_keeps_its_total_when_budget_is_not_whole_rollouts(tmp_path):
+    root = tmp_path / "runs"
+    args = [a for a in TINY if not a.startswith("runner.progress")]
+    out = cli("--set", f"runner.run_root={root}", "runner.total_steps=60", "runner.progress=true", *args)
+    assert out.returncode == 0, out.stderr
+    assert "100/100" in out.stderr       # two rollouts of 2 envs x 25 steps, the bar's total kept
