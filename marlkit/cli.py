@@ -2,7 +2,7 @@
 
     marlkit --agent MAPPO --env mpe_spread                   train
     marlkit --agent MAPPO --env mpe_spread --benchmark       train + periodic eval + report
-    marlkit --env mpe_spread --test --load runs/.../best.pt  evaluate a checkpoint
+    marlkit --test --load runs/.../best.pt                   evaluate a checkpoint (its run's agent and env)
     marlkit --list                                           registered agents and envs
 """
 import argparse
@@ -31,7 +31,7 @@ class CLIArgs:
                                                               "help": "extra YAML files merged over the env YAML"})
     set: list[str] = field(default_factory=list, metadata={"nargs": "*", "metavar": "KEY=VALUE",
                                                            "help": "override any key, e.g. runner.parallels=8"})
-    load: Optional[str] = field(default=None, metadata={"help": "checkpoint to test (or to start from)"})
+    load: Optional[str] = field(default=None, metadata={"help": "checkpoint to test (or to start from); --agent, --env and --import default to those of its run"})
     resume: Optional[str] = field(default=None, metadata={"help": "run directory to continue exactly"})
     seed: Optional[int] = field(default=None, metadata={"help": "random seed (default from the YAML, else 1)"})
     device: Optional[str] = field(default=None, metadata={"help": "torch device, e.g. cpu"})
