@@ -304,3 +304,37 @@ def test_progress_bar_keeps_its_total_when_budget_is_not_whole_rollouts(tmp_path
     out = cli("--set", f"runner.run_root={root}", "runner.total_steps=60", "runner.progress=true", *args)
     assert out.returncode == 0, out.stderr
     assert "100/100" in out.stderr       # two rollouts of 2 envs x 25 steps, the bar's total kept
+    assert "return/agents=" in out.stderr   # figures labelled by group
+
+
+def test_cross_env_checkpoint_errors_name_the_fix(tiny, env_yaml):
+    run = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**tiny, "runner.total_steps": 40})
+    ckpt = str(run.run_dir / "latest.pt")
+    other = env_yaml("toy_envs:scripted")
+    with pytest.raises(Exception, match=r"pass --env mpe_spread \(or the YAML file it was trained with"):
+        marlkit.run(agent="MAPPO", env=other, mode="test", load=ckpt, **tiny)
+    with pytest.raises(Exception, match=r"use the env settings it was trained with \(config.yaml beside"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", load=ckpt, **{**tiny, "env.kwargs.N": 4})
+
+
+@pytest.mark.parametrize("best_metric", ["predator", "prey"])
+def test_best_checkpoint_is_chosen_on_the_configured_group(tiny, env_yaml, best_metric):
+    path = env_yaml("toy_envs:two_team", {"length": 8})
+    run = marlkit.run(agent="MAPPO", env=path, mode="benchmark", seed=1,
+                      **{**tiny, "runner.total_steps": 200, "runner.eval_interval": 40,
+                         "runner.best_metric": best_metric})
+    evals = run.evaluations
+    best = max(evals, key=lambda row: row["mean"][best_metric])
+    report = __import__("json").loads((run.run_dir / "benchmark.json").read_text())
+    assert report["best"]["step"] == best["step"]
+    assert report["best_metric"] == f"return of group {best_metric!r}"
+
+
+def test_help_and_list_do_not_import_torch():
+    code = ("import sys, runpy; sys.argv = ['marlkit', '{flag}']\n"
+            "try:\n    runpy.run_module('marlkit', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules)")
+    for flag in ("--help", "--list"):
+        out = subprocess.run([sys.executable, "-c", code.format(flag=flag)], capture_output=True, text=True,
+                             env=cli_env(), timeout=60)
+        assert out.stdout.strip().splitlines()[-1] == "False", (flag, out.stdout[-500:], out.stderr[-500:])
