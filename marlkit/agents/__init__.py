@@ -1,9 +1,10 @@
 """Algorithms. They know nothing of specific envs; the runner meets them through ``Agent``."""
 from marlkit.agents.base import (ActOut, Agent, Bootstrap, CheckpointMismatchError, OnPolicyAgent, Progress,
                                  TrainingDivergedError)
+from marlkit.agents.coma import COMA
 from marlkit.agents.ippo import IPPO
 from marlkit.agents.mappo import MAPPO
 from marlkit.agents.random_policy import RandomAgent
 
 __all__ = ["ActOut", "Agent", "Bootstrap", "CheckpointMismatchError", "OnPolicyAgent", "Progress",
-           "TrainingDivergedError", "IPPO", "MAPPO", "RandomAgent"]
+           "TrainingDivergedError", "COMA", "IPPO", "MAPPO", "RandomAgent"]

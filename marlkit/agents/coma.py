@@ -1,0 +1,225 @@
+"""COMA: counterfactual multi-agent policy gradients (Foerster et al., 2018).
+
+Decentralised actors (shared weights, agent id, as in MAPPO) learn from a counterfactual
+advantage given by a centralised Q critic::
+
+    A^a = Q(s, u) - sum_u' pi^a(u' | o^a) Q(s, (u^-a, u'))
+
+The baseline marginalises only agent a's own action, with the others' kept, so it tells how much
+a's choice helped the group. The critic (``marlkit/networks/coma_critic.py``) gives all of a's
+Q-values in one pass. It regresses on TD(lambda) targets built from a target critic that is synced
+every ``target_update_interval`` updates.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from marlkit.agents.base import masked_mean
+from marlkit.agents.losses import ppo_policy_loss, value_loss
+from marlkit.agents.mappo import MAPPO
+from marlkit.buffers import compute_gae, last_present_value
+from marlkit.config import OnPolicyConfig
+from marlkit.errors import ConfigError
+from marlkit.networks.coma_critic import COMACritic
+from marlkit.networks.distributions import ActionHead
+from marlkit.networks.mlp import flat_size
+from marlkit.registry import get_model, register_agent
+
+
+@dataclass
+class COMAConfig(OnPolicyConfig):
+    """OnPolicyConfig with COMA's defaults and its target critic. ``gae_lambda`` is the lambda of
+    the critic's TD(lambda) targets (the same lambda-return GAE is built on)."""
+
+    gae_lambda: float = field(default=0.8, metadata={"min": 0.0, "max": 1.0})
+    value_clip: Optional[float] = field(default=None, metadata={"min": 0.0})
+    # updates between copies of the critic into the target critic that builds the TD(lambda) targets
+    target_update_interval: int = field(default=2, metadata={"min": 1})
+
+
+def td_lambda_targets(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
+                      last_value, gamma: float, lam: float) -> np.ndarray:
+    """TD(lambda) targets ``[T, E, A]`` for Q(s_t, u_t): G_t = r_t + gamma ((1 - lambda) Q_{t+1} +
+    lambda G_{t+1}), cut at terminations (successor 0) and truncations (successor
+    ``truncation_value``), absent slots skipped (0 there). GAE's returns over the values
+    ``q_taken`` are exactly this recursion (A_t + Q_t = G_t), so its mask handling is reused."""
+    _, returns = compute_gae(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
+                             last_value, gamma, lam)
+    return returns
+
+
+def taken(q: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    """Q ``[..., A, n]`` of the actions ``[..., A]`` (0 for absent slots, whatever their action holds)."""
+    index = torch.where(present.bool(), actions.long(), 0)
+    return torch.where(present.bool(), q.gather(-1, index.unsqueeze(-1)).squeeze(-1), 0.0)
+
+
+def counterfactual_advantage(q: torch.Tensor, probs: torch.Tensor, actions: torch.Tensor,
+                             action_mask: torch.Tensor, present: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (advantage ``[..., A]``, baseline ``[..., A]``) from Q ``[..., A, n]``, the policy's
+    probabilities ``[..., A, n]`` and the legal actions ``action_mask [..., A, n]``: the baseline is
+    the policy-weighted mean of Q over legal actions (the policy renormalised on them)."""
+    legal = probs * action_mask
+    legal = legal / legal.sum(-1, keepdim=True).clamp(min=1e-12)
+    baseline = torch.where(action_mask.bool(), legal * q, 0.0).sum(-1)
+    advantage = torch.where(present.bool(), taken(q, actions, present) - baseline, 0.0)
+    return advantage, torch.where(present.bool(), baseline, 0.0)
+
+
+@register_agent("COMA")
+class COMA(MAPPO):
+    """COMA: decentralised actors with a counterfactual baseline from a centralised Q critic.
+
+    Discrete actions only; actor and critic are feed-forward registered models. The actor step is
+    PPO's clipped surrogate on the counterfactual advantage: with ``epochs: 1, minibatches: 1`` the
+    ratio is 1 and it is the paper's policy gradient; more epochs reuse each rollout.
+    """
+
+    config_cls = COMAConfig
+    uses_state = True
+
+    def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",
+                 state_dtype=np.float32):
+        if not isinstance(group.action_space, spaces.Discrete):
+            raise ConfigError(
+                f"agents.{self.registered_name}: COMA needs Discrete actions (one Q-value per action), but group "
+                f"{group.name!r} has {group.action_space}; run that group with MAPPO or IPPO "
+                f"(groups: {{{group.name}: {{agent: MAPPO}}}})")
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype)
+        self.updates = 0
+
+    @classmethod
+    def check_config(cls, cfg: COMAConfig, runner, key: str) -> None:
+        super().check_config(cfg, runner, key)
+        for role in ("actor", "critic"):
+            name = getattr(cfg, role).name
+            if get_model(name).is_recurrent:
+                raise ConfigError(f"{key}.{role}.name: {name!r} is recurrent, but COMA's {role} is feed-forward "
+                                  "(the rollout is valued and the baseline computed step by step); use 'mlp' "
+                                  "(or 'cnn' for images)")
+
+    # ------------------------------------------------------------------ networks
+
+    def build(self) -> dict[str, nn.Module]:
+        obs_shape, n_actions = self.group.obs_shape, self.group.n_actions
+        actor = self._encoder("actor", obs_shape, per_agent=True)
+        head = ActionHead(self.group.action_space, actor.out_dim + self._id_width_after(obs_shape))
+        in_dim = COMACritic.input_dim(flat_size(self.state_shape), flat_size(obs_shape), self.n_agents, n_actions)
+        try:
+            encoder = get_model(self.cfg.critic.name)((in_dim,), self.cfg.critic)
+        except ConfigError as exc:
+            raise ConfigError(f"agents.{self.registered_name}.critic: {exc}") from None
+        critic = COMACritic(encoder, self.n_agents, n_actions)
+        target = copy.deepcopy(critic).requires_grad_(False)
+        return {"actor": actor, "actor_head": head, "critic": critic, "target_critic": target}
+
+    def param_groups(self) -> list[dict]:
+        m = self.modules
+        actor = list(m["actor"].parameters()) + list(m["actor_head"].parameters())
+        return [{"params": actor, "lr": self.cfg.lr},
+                {"params": m["critic"].parameters(), "lr": self.cfg.critic_lr or self.cfg.lr}]
+
+    @property
+    def critic_acts_online(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ targets
+
+    @torch.no_grad()
+    def q_values(self, critic: str, state: np.ndarray, obs: np.ndarray, actions: np.ndarray,
+                 present: np.ndarray) -> torch.Tensor:
+        """Normalised Q ``[N, A, n]`` of ``N`` steps from ``critic`` (``"critic"`` or
+        ``"target_critic"``), in chunks of about ``value_chunk_bytes`` of input."""
+        per_step = max(obs[:1].nbytes + state[:1].nbytes, 1)
+        chunk = max(1, self.value_chunk_bytes // per_step)
+        parts = [self.modules[critic](self.tensor(state[i:i + chunk]), self.tensor(obs[i:i + chunk]),
+                                      self.tensor(actions[i:i + chunk]), self.tensor(present[i:i + chunk]))
+                 for i in range(0, len(obs), chunk)]
+        return torch.cat(parts) if parts else torch.zeros(0, self.n_agents, self.group.n_actions)
+
+    def _target_q_taken(self, state, obs, actions, present) -> np.ndarray:
+        """Real-scale target-critic Q ``[N, A]`` of the joint actions ``actions [N, A]``."""
+        q = self.q_values("target_critic", state, obs, actions, present)
+        return self._denormalize(taken(q, self.tensor(actions), self.tensor(present))).cpu().numpy()
+
+    def estimate_values(self, bootstrap):
+        """``buffer.value`` := target Q(s_t, u_t) of the stored joint actions; the bootstrap and the
+        truncation finals are valued at a joint action the current policy picks there."""
+        buf = self.buffer
+        T, E = buf.horizon, buf.num_envs
+        flat = lambda x: x.reshape(T * E, *x.shape[2:])  # noqa: E731
+        buf.value[:] = self._target_q_taken(flat(buf.state), flat(buf.obs), flat(buf.actions),
+                                            flat(buf.agent_mask)).reshape(T, E, -1)
+        joint = self.joint_actions(bootstrap.obs, bootstrap.state, bootstrap.agent_mask, bootstrap.action_mask,
+                                   bootstrap.hidden)
+        last_value = np.where(bootstrap.agent_mask,
+                              self._target_q_taken(bootstrap.state, bootstrap.obs, joint, bootstrap.agent_mask),
+                              last_present_value(buf.value, buf.agent_mask))
+        truncation_value = np.zeros_like(buf.value)
+        finals = self.finals()
+        if finals is not None:
+            joint = self.joint_actions(finals["obs"], finals["state"], finals["agent_mask"], None, finals["hidden"])
+            truncation_value[finals["t"], finals["e"]] = self._target_q_taken(finals["state"], finals["obs"], joint,
+                                                                              finals["agent_mask"])
+        return last_value, truncation_value
+
+    @torch.no_grad()
+    def targets(self, bootstrap, last_value, truncation_value) -> dict:
+        """TD(lambda) ``returns`` (real scale) for the critic, the counterfactual ``advantages`` from
+        the critic and the policy that collected the rollout, ``old_value`` (normalised Q of the
+        taken actions, for ``value_clip``); updates the value normaliser with the returns."""
+        buf, cfg = self.buffer, self.cfg
+        T, E = buf.horizon, buf.num_envs
+        returns = td_lambda_targets(buf.reward, buf.value, buf.terminated, buf.truncated, buf.episode_end,
+                                    buf.agent_mask, truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
+        flat = lambda x: x.reshape(T * E, *x.shape[2:])  # noqa: E731
+        q = self.q_values("critic", flat(buf.state), flat(buf.obs), flat(buf.actions), flat(buf.agent_mask))
+        action_mask, present, actions = (self.tensor(flat(x)) for x in (buf.action_mask, buf.agent_mask, buf.actions))
+        dist, _ = self.policy(self.tensor(flat(buf.obs)).unsqueeze(0), None, None, None, action_mask.unsqueeze(0))
+        advantages, _ = counterfactual_advantage(self._denormalize(q), dist.log_probs[0].exp(), actions,
+                                                 action_mask, present)
+        old_value = taken(q, actions, present)
+        if self.value_norm is not None:
+            self.value_norm.update(self.tensor(returns[buf.agent_mask]))
+        return {"advantages": advantages.reshape(T, E, -1).cpu().numpy(), "returns": returns,
+                "old_value": old_value.reshape(T, E, -1).cpu().numpy()}
+
+    # ------------------------------------------------------------------ loss
+
+    def loss(self, batch):
+        cfg = self.cfg
+        present = batch["agent_mask"]
+        mask = present.float()
+        dist, _ = self.policy(batch["obs"], batch["state"], None, None, batch["action_mask"])
+        policy_loss, info = ppo_policy_loss(dist.log_prob(batch["actions"]), batch["log_prob"], batch["advantages"],
+                                            cfg.clip, mask)
+        entropy = masked_mean(dist.entropy(), mask)
+        q = taken(self.modules["critic"](batch["state"], batch["obs"], batch["actions"], present),
+                  batch["actions"], present)
+        critic_loss = value_loss(q, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
+                                 cfg.value_clip, cfg.huber_delta)
+        loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
+        return loss, {"policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
+                      "entropy": entropy.detach(), **info}
+
+    def after_update(self, progress) -> None:
+        self.updates += 1
+        if self.updates % self.cfg.target_update_interval == 0:
+            self.modules["target_critic"].load_state_dict(self.modules["critic"].state_dict())
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "updates": self.updates}
+
+    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        super().load_state_dict(state, weights_only)
+        if not weights_only:
+            self.updates = state["updates"]
