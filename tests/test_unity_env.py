@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent / "unity_standin"))
 from standin import masked_choices  # noqa: E402
 
 from marlkit.envs.unity import UnityConfig, UnityEnv  # noqa: E402
+from marlkit.config import ConfigError  # noqa: E402
 from marlkit.envs.unity.env import UnityEnvError, group_names  # noqa: E402
 
 STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
@@ -218,3 +219,108 @@ def test_a_broken_scene_is_a_clear_error_within_the_timeout_and_leaves_no_proces
 def test_a_missing_build_is_named():
     with pytest.raises(UnityEnvError, match="env.file_name='/no/such/build'"):
         UnityEnv(UnityConfig(file_name="/no/such/build", timeout_wait=3))
+
+
+def test_single_branch_is_discrete_and_continuous_actions_arrive_unchanged(tmp_path):
+    env, _ = make(tmp_path, "--branches", "5")
+    rng = np.random.default_rng(3)
+    try:
+        space = env.spec.groups["team_0"].action_space
+        assert space.n == 5 and env.spec.groups["team_0"].n_actions == 5
+        ob = env.reset()
+        sent = []
+        for _ in range(4):
+            actions = {g: np.array([rng.choice(np.flatnonzero(row)) for row in ob.action_mask[g]])
+                       for g in env.spec.groups}
+            sent.append({agent_ids(env, g)[s]: [int(actions[g][s])] for g in actions for s in range(4)})
+            ob, *_ = env.step(actions)
+        # agent ids 0, 2, 4, 6 may not pick choice 2 of branch 0; the others have no forbidden choice
+        assert not ob.action_mask["team_0"][0][2] and ob.action_mask["team_0"][1].all()
+    finally:
+        env.close()
+    for want, got in zip(sent, read_log(tmp_path)):
+        assert {int(k): v["discrete"] for k, v in got["actions"].items()} == want
+        assert got["violations"] == 0
+
+    env, _ = make(tmp_path, "--branches", "", "--continuous", "2")
+    try:
+        space = env.spec.groups["team_1"].action_space
+        assert space.shape == (2,) and env.spec.groups["team_1"].n_actions == 0
+        env.reset()
+        actions = {g: rng.uniform(-1, 1, (4, 2)).astype(np.float32) for g in env.spec.groups}
+        env.step(actions)
+    finally:
+        env.close()
+    got = read_log(tmp_path)[-1]["actions"]
+    for g in actions:
+        for slot, agent_id in enumerate(agent_ids(env, g)):
+            np.testing.assert_array_equal(np.float32(got[str(agent_id)]["continuous"]), actions[g][slot])
+            assert got[str(agent_id)]["discrete"] == []
+
+
+def test_hybrid_actions_are_refused_with_the_reason(tmp_path):
+    """Continuous + discrete branches in one behaviour: the action heads have no hybrid distribution
+    yet, so the env says so at start (and stops the scene) rather than send half an action."""
+    tag = uuid.uuid4().hex
+    with pytest.raises(ConfigError, match=r"hybrid actions \(2 continuous \+ branches \[3, 3, 3\]\)"):
+        make(tmp_path, "--continuous", "2", tag=tag)
+    assert standin_pids(tag) == []
+
+
+def test_a_single_image_sensor_keeps_its_shape(tmp_path):
+    env, _ = make(tmp_path, "--image", "8x10x3", "--fields", "1")
+    try:
+        # vector sensors and the image together are concatenated (8 + 3 + 240 floats)
+        assert env.spec.groups["team_0"].obs_shape == (8 + 3 + 240,)
+        ob = env.reset()
+        image = ob.obs["team_0"][:, 11:].reshape(2, 8, 10, 3)
+        np.testing.assert_allclose(image[1], (1 % 7) / 7.0)
+    finally:
+        env.close()
+    env, _ = make(tmp_path, "--image", "8x10x3", "--no-vector", "--fields", "1")
+    try:
+        assert env.spec.groups["team_0"].obs_shape == (8, 10, 3)
+        assert env.spec.state_shape == (2 * 2 * 240,)
+        ob = env.reset()
+        assert ob.obs["team_1"].shape == (2, 8, 10, 3)
+        np.testing.assert_allclose(ob.obs["team_1"][1], (3 % 7) / 7.0)   # agent id 3, step 0
+    finally:
+        env.close()
+
+
+def test_pettingzoo_parallel_api(tmp_path):
+    """The ParallelEnv view passes PettingZoo's own API test, with masked actions only (checked
+    by the stand-in), and hands each agent its terminal reward and final observation."""
+    from pettingzoo.test import parallel_api_test
+
+    from marlkit.envs.unity.parallel import UnityParallelEnv
+
+    tag = uuid.uuid4().hex
+    env = UnityParallelEnv(file_name=STANDIN, timeout_wait=20,
+                           additional_args=["--tag", tag, "--log", str(tmp_path / "actions.jsonl")])
+    try:
+        parallel_api_test(env, num_cycles=50)
+        assert sum(row["violations"] for row in read_log(tmp_path)) == 0
+        obs, _ = env.reset()
+        assert all(env.observation_space(a).contains(obs[a]) for a in env.agents)
+        episode = {a: int(obs[a]["observation"][3]) for a in env.agents}
+        finished = {}
+        while env.agents:
+            actions = {a: env.action_space(a).sample(mask=obs[a]["action_mask"]) for a in env.agents}
+            obs, rew, term, trunc, _ = env.step(actions)
+            for a in rew:
+                if term[a] or trunc[a]:
+                    finished[a] = (obs[a]["observation"], rew[a], term[a])
+        assert sorted(finished) == sorted(env.possible_agents)
+        for a, (final, reward, terminated) in finished.items():
+            agent_id, ep = int(a.rsplit("=", 1)[1]), episode[a]
+            assert final[2] == 5 + 2 * (agent_id // 4) and final[3] == ep   # the last obs of that episode
+            goal = ep % 3 != 2
+            assert terminated == goal
+            if goal:   # the group reward: +1 to the scoring team, -1 to the other
+                assert abs(reward) > 0.9 and (reward > 0) == ((agent_id % 4) // 2 == ep % 2)
+            else:
+                assert abs(reward) < 0.1
+    finally:
+        env.close()
+    assert standin_pids(tag) == []

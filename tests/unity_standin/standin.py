@@ -6,8 +6,10 @@ SoccerTwos-shaped scene:
 
 - behaviours ``Soccer?team=0`` and ``Soccer?team=1``; ``--fields`` fields with two agents per team
   each (agent ids: field f holds ``4f, 4f+1`` in team 0 and ``4f+2, 4f+3`` in team 1);
-- two vector sensors per agent (8 and 3 floats; ``--image HxWxC`` adds an image sensor);
-- MultiDiscrete actions ``[3, 3, 3]`` (``--continuous N`` makes them hybrid) with action masks;
+- two vector sensors per agent (8 and 3 floats; ``--image HxWxC`` adds an image sensor, and
+  ``--no-vector`` drops the vector ones);
+- MultiDiscrete actions ``[3, 3, 3]`` with action masks (``--branches 5`` gives one Discrete branch,
+  ``--branches ''`` none; ``--continuous N`` adds N continuous actions: hybrid, or continuous only);
 - field f's episode lasts ``--episode-length + 2 f`` steps, so fields end at different times; an
   episode ends on a goal (team ``episode % 2`` scores: group reward +1 / -1, ``done``) or, every
   third episode, at its max step (``max_step_reached``, group reward 0). The ending agents appear
@@ -16,9 +18,10 @@ SoccerTwos-shaped scene:
   (its reward accumulates in between, as in Unity).
 
 Observations encode what a test needs to check: sensor 0 is ``[agent id, field, step in episode,
-episode, last action (3), 1]``; sensor 1 is ``[team, slot in team, 0.5]``. Every agent gets a
-reward of ``0.01 * (sum of its last discrete action) - 0.001`` per decision. ``--log`` writes one
-JSON line per step: the actions received per agent id, and masked choices taken.
+episode, last action (3 branches, zero-padded), 1]``; sensor 1 is ``[team, slot in team, 0.5]``.
+Every agent gets ``0.01 * (sum of its last discrete action)`` per decision and ``-0.001`` per step.
+``--log`` writes one JSON line per step: the actions received per agent id, masked choices taken,
+and the fields that ended.
 
 Fault modes for tests: ``--die-after K`` exits abruptly after K steps, ``--hang-after K`` stops
 answering after K steps, ``--never-connect`` never calls the server.
@@ -40,7 +43,6 @@ from mlagents_envs.communicator_objects.observation_pb2 import NONE, Observation
 from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import UnityToExternalProtoStub
 
-BRANCHES = (3, 3, 3)
 TEAMS = (0, 1)
 
 
@@ -48,11 +50,13 @@ def behaviour(team: int) -> str:
     return f"Soccer?team={team}"
 
 
-def masked_choices(agent_id: int, step: int) -> list[tuple[int, int]]:
+def masked_choices(agent_id: int, step: int, branches=(3, 3, 3)) -> list[tuple[int, int]]:
     """(branch, choice) pairs this agent may not pick at this step of its episode."""
     if agent_id % 2 == 0:
-        return [(0, 2)]
-    return [(1, 0)] if step % 2 == 0 else [(2, 1)]
+        pairs = [(0, 2)]
+    else:
+        pairs = [(1, 0)] if step % 2 == 0 else [(2, 1)]
+    return [(b, c) for b, c in pairs if b < len(branches) and c < branches[b]]
 
 
 class Field:
@@ -71,7 +75,7 @@ class Field:
 class Agent:
     def __init__(self, agent_id: int, field: Field, team: int, slot: int, period: int):
         self.id, self.field, self.team, self.slot, self.period = agent_id, field, team, slot, period
-        self.last_action = [0] * len(BRANCHES)
+        self.last_action = [0, 0, 0]
         self.reward = 0.0
 
     def wants_decision(self) -> bool:
@@ -98,7 +102,7 @@ class Scene:
         sensors = [[agent.id, f.index, f.step, f.episode, *agent.last_action, 1.0],
                    [agent.team, agent.slot, 0.5]]
         out = []
-        for i, values in enumerate(sensors):
+        for i, values in enumerate(sensors if not self.args.no_vector else []):
             ob = ObservationProto(shape=[len(values)], compression_type=NONE, name=f"vector_{i}")
             ob.float_data.data.extend(float(v) for v in values)
             out.append(ob)
@@ -115,16 +119,16 @@ class Scene:
                               max_step_reached=max_step, id=agent.id, group_id=1 + 2 * agent.field.index + agent.team,
                               group_reward=group_reward)
         info.observations.extend(self.observations(agent))
-        if not done:
-            forbidden = set(masked_choices(agent.id, agent.field.step))
-            info.action_mask.extend((b, c) in forbidden for b, n in enumerate(BRANCHES) for c in range(n))
+        if not done and self.args.branches:
+            forbidden = set(masked_choices(agent.id, agent.field.step, self.args.branches))
+            info.action_mask.extend((b, c) in forbidden for b, n in enumerate(self.args.branches) for c in range(n))
         return info
 
     def reset(self) -> list:
         for field in self.fields:
             field.step = 0
         for agent in self.agents:
-            agent.reward, agent.last_action = 0.0, [0] * len(BRANCHES)
+            agent.reward, agent.last_action = 0.0, [0, 0, 0]
         return []
 
     def step(self, agent_actions) -> list:
@@ -135,9 +139,9 @@ class Scene:
                 sys.exit(f"standin: {name} got {len(actions)} actions for {len(deciders)} deciding agents")
             for agent, action in zip(deciders, actions):
                 discrete = list(action.discrete_actions)
-                forbidden = masked_choices(agent.id, agent.field.step)
+                forbidden = masked_choices(agent.id, agent.field.step, self.args.branches)
                 violations += sum(discrete[b] == c for b, c in forbidden)
-                agent.last_action = discrete
+                agent.last_action = (discrete + [0, 0, 0])[:3]
                 agent.reward += 0.01 * sum(discrete)
                 record[agent.id] = {"discrete": discrete, "continuous": list(action.continuous_actions)}
         for agent in self.agents:
@@ -193,8 +197,9 @@ class Scene:
             baseRLCapabilities=True, concatenatedPngObservations=True, compressedChannelMapping=True,
             hybridActions=True, trainingAnalytics=True, variableLengthObservation=True, multiAgentGroups=True))
         for t in TEAMS:
-            spec = ActionSpecProto(num_continuous_actions=self.args.continuous, num_discrete_actions=len(BRANCHES),
-                                   discrete_branch_sizes=list(BRANCHES))
+            spec = ActionSpecProto(num_continuous_actions=self.args.continuous,
+                                   num_discrete_actions=len(self.args.branches),
+                                   discrete_branch_sizes=list(self.args.branches))
             init.brain_parameters.append(BrainParametersProto(brain_name=behaviour(t), is_training=True,
                                                               action_spec=spec))
         return message
@@ -206,8 +211,10 @@ def parse(argv: list[str]):
     parser.add_argument("--fields", type=int, default=2)
     parser.add_argument("--episode-length", type=int, default=5)
     parser.add_argument("--decision-period", type=int, default=1)
+    parser.add_argument("--branches", type=lambda s: tuple(int(v) for v in s.split(",") if v), default=(3, 3, 3))
     parser.add_argument("--continuous", type=int, default=0)
     parser.add_argument("--image", type=lambda s: tuple(int(v) for v in s.split("x")), default=None)
+    parser.add_argument("--no-vector", action="store_true")
     parser.add_argument("--log", default=None)
     parser.add_argument("--die-after", type=int, default=None)
     parser.add_argument("--hang-after", type=int, default=None)

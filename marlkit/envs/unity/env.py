@@ -11,7 +11,8 @@ Editor connects when Play is pressed.
 - ``agent_mask`` is True for agents that ask for a decision this step; actions are sent for
   exactly those. ``action_mask`` comes from the behaviour's branch masks (ML-Agents' True =
   forbidden is inverted to marlkit's True = allowed).
-- Observations: an agent's sensors, flattened and concatenated in the behaviour's order.
+- Observations: an agent's sensors, flattened and concatenated in the behaviour's order; a
+  behaviour with a single image sensor keeps its ``[H, W, C]`` shape (for the ``cnn`` model).
 - Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
 - Per-agent episodes: an agent in the terminal steps ends its own episode (``terminated``, or
   ``truncated`` when ML-Agents says it was interrupted at its max step) and carries its final
@@ -103,7 +104,9 @@ class _Behaviour:
                               f"behaviour {name!r} at reset")
         self.capacity = capacity
         self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
-        self.obs_dim = int(sum(np.prod(o.shape) for o in spec.observation_specs))
+        shapes = [tuple(o.shape) for o in spec.observation_specs]
+        self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
+            else (int(sum(np.prod(s) for s in shapes)),)
         action = spec.action_spec
         self.n_continuous, self.branches = action.continuous_size, tuple(int(b) for b in action.discrete_branches)
         if self.n_continuous and self.branches:
@@ -129,9 +132,12 @@ class _Behaviour:
             out[k] = slot
         return out
 
-    def flat_obs(self, obs_list: list[np.ndarray]) -> np.ndarray:
-        n = len(obs_list[0]) if obs_list else 0
-        return np.concatenate([o.reshape(n, -1) for o in obs_list], axis=1) if obs_list else np.zeros((n, 0))
+    def agent_obs(self, obs_list: list[np.ndarray]) -> np.ndarray:
+        """ML-Agents' per-sensor ``[n, *sensor_shape]`` arrays -> ``[n, *obs_shape]``."""
+        n = len(obs_list[0])
+        if len(obs_list) == 1:
+            return obs_list[0].reshape((n,) + self.obs_shape)
+        return np.concatenate([o.reshape(n, -1) for o in obs_list], axis=1)
 
     def agent_names(self) -> list[str]:
         by_slot = {s: i for i, s in self.slot.items()}
@@ -231,9 +237,9 @@ class UnityEnv(MultiAgentEnv):
             self.behaviours.append(_Behaviour(b, g, specs[b], present, self.cfg.max_agents.get(g, len(present))))
         groups = {}
         for beh in self.behaviours:
-            space = spaces.Box(-np.inf, np.inf, (beh.obs_dim,), np.float32)
+            space = spaces.Box(-np.inf, np.inf, beh.obs_shape, np.float32)
             groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space)
-        state_dim = sum(beh.capacity * beh.obs_dim for beh in self.behaviours)
+        state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
         self.spec = EnvSpec(groups, (state_dim,))
         self._first = self._observe()[0]
 
@@ -271,7 +277,7 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             g, A = beh.group, beh.capacity
             decision, terminal = self._env.get_steps(beh.name)
-            o = np.zeros((A, beh.obs_dim), np.float32)
+            o = np.zeros((A,) + beh.obs_shape, np.float32)
             m = np.zeros(A, bool)
             r = np.zeros(A, np.float32)
             term, trunc = np.zeros(A, bool), np.zeros(A, bool)
@@ -284,11 +290,11 @@ class UnityEnv(MultiAgentEnv):
                 trunc[ts] = terminal.interrupted
                 term[ts] = ~terminal.interrupted
                 f = o.copy()
-                f[ts] = beh.flat_obs(terminal.obs)
+                f[ts] = beh.agent_obs(terminal.obs)
                 ended_any = True
             ds = beh.slots(decision.agent_id)
             if len(ds):
-                o[ds] = beh.flat_obs(decision.obs)
+                o[ds] = beh.agent_obs(decision.obs)
                 m[ds] = True
                 # a decision right after a restart: its reward predates the new episode's first action
                 fresh = ~(term[ds] | trunc[ds])

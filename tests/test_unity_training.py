@@ -1,0 +1,207 @@
+"""Training on a Unity scene, end to end: the runner and the agents drive the real ``UnityEnvironment``
+over gRPC against the stand-in under ``tests/unity_standin/``, and what lands in the rollout buffer,
+the advantages and the logged returns is checked against the stand-in's own record of the actions
+it received (its rewards are a known function of them)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import marlkit
+from marlkit.agents.base import OnPolicyAgent
+
+STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
+GAMMA = 0.99
+
+
+@pytest.fixture(autouse=True)
+def standin_python(monkeypatch):
+    monkeypatch.setenv("UNITY_STANDIN_PYTHON", sys.executable)
+
+
+def read_log(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def field_length(agent_id: int, episode_length: int = 5) -> int:
+    return episode_length + 2 * (agent_id // 4)
+
+
+def expected_episode_infos(log: list[dict], fields: int, group_reward_weight: float) -> list[dict]:
+    """What the vector env logs, recomputed from the stand-in's record: at each step where fields
+    end, per team the mean return of the team's agents that ended (decision period 1: every agent
+    acts every step and earns ``0.01 * sum(action) - 0.001``, plus its group reward at a goal)."""
+    returns = {a: 0.0 for a in range(4 * fields)}
+    episode = {f: 0 for f in range(fields)}
+    infos = []
+    for row in log:
+        for agent_id, action in row["actions"].items():
+            returns[int(agent_id)] += 0.01 * sum(action["discrete"])
+        for agent_id in returns:
+            returns[agent_id] -= 0.001
+        if not row["ended"]:
+            continue
+        info = {}
+        for team in (0, 1):
+            ended = [a for a in returns if a // 4 in row["ended"] and (a % 4) // 2 == team]
+            total = 0.0
+            for a in ended:
+                ep = episode[a // 4]
+                goal = ep % 3 != 2
+                total += returns[a] + (group_reward_weight * (1.0 if team == ep % 2 else -1.0) if goal else 0.0)
+            info[f"team_{team}"] = total / len(ended)
+        infos.append(info)
+        for f in row["ended"]:
+            episode[f] += 1
+            for a in returns:
+                if a // 4 == f:
+                    returns[a] = 0.0
+    return infos
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Every call of ``OnPolicyAgent.targets``: the agent, copies of its rollout buffer, the values
+    it bootstrapped from, and the GAE targets it produced."""
+    calls = []
+    original = OnPolicyAgent.targets
+
+    def spy(self, bootstrap, last_value, truncation_value):
+        buf = self.buffer
+        # each truncation final valued on its own, by the weights (and value normaliser) of this update
+        final_values = [self.value_of(f[2][None], f[3][None], np.ones((1, self.n_agents), bool), None)[0]
+                        for f in buf.finals]
+        out = original(self, bootstrap, last_value, truncation_value)
+        calls.append({"agent": self, "group": self.group.name, "obs": buf.obs.copy(), "actions": buf.actions.copy(),
+                      "reward": buf.reward.copy(), "value": buf.value.copy(), "mask": buf.agent_mask.copy(),
+                      "terminated": buf.terminated.copy(), "truncated": buf.truncated.copy(),
+                      "finals": list(buf.finals), "final_values": final_values,
+                      "truncation_value": truncation_value.copy(),
+                      "hidden": None if buf.hidden is None else buf.hidden.copy(),
+                      "advantages": out["advantages"].copy()})
+        return out
+
+    monkeypatch.setattr(OnPolicyAgent, "targets", spy)
+    return calls
+
+
+def train(tmp_path, steps: int, horizon: int, **overrides):
+    log = tmp_path / "standin.jsonl"
+    settings = {"env.file_name": STANDIN, "env.additional_args": ["--fields", "2", "--log", str(log)],
+                "env.group_reward_weight": 0.5, "env.timeout_wait": 30,
+                "runner.parallels": 1, "runner.vectorize": "sync", "runner.horizon": horizon,
+                "runner.total_steps": steps, "runner.run_root": str(tmp_path / "runs"), "runner.progress": False,
+                "logger": "none", **overrides}
+    result = marlkit.run(agent="MAPPO", env="unity", **settings)
+    return result, read_log(log)
+
+
+def test_rewards_and_bootstraps_in_the_buffer_match_the_scene(tmp_path, captured):
+    """Field 0's episodes end every 5 steps, field 1's every 7, on a goal (terminated) or, every
+    third episode, at the max step (truncated); the ending agents start their next episode in the
+    same step."""
+    result, log = train(tmp_path, steps=80, horizon=40)
+    assert len(log) == 80 and len(captured) == 4   # 2 rollouts x 2 teams
+    ids = {"team_0": [0, 1, 4, 5], "team_1": [2, 3, 6, 7]}
+    checked = {"terminated": 0, "truncated": 0}
+    for k, call in enumerate(captured):
+        g = call["group"]
+        team = int(g[-1])
+        assert call["mask"].all()          # decision period 1: every agent decides every step
+        for t in range(40):
+            row = log[40 * (k // 2) + t]
+            for slot, agent_id in enumerate(ids[g]):
+                # the action the buffer holds is the one the scene received
+                assert call["actions"][t, 0, slot].tolist() == row["actions"][str(agent_id)]["discrete"]
+                obs = call["obs"][t, 0, slot]
+                step, episode = int(obs[2]), int(obs[3])
+                length = field_length(agent_id)
+                ends = step + 1 == length
+                assert (agent_id // 4 in row["ended"]) == ends
+                expected = 0.01 * sum(row["actions"][str(agent_id)]["discrete"]) - 0.001
+                goal = ends and episode % 3 != 2
+                if goal:
+                    expected += 0.5 * (1.0 if team == episode % 2 else -1.0)
+                assert call["reward"][t, 0, slot] == pytest.approx(expected, abs=1e-5), (t, g, agent_id)
+                assert call["terminated"][t, 0, slot] == goal
+                assert call["truncated"][t, 0, slot] == (ends and not goal)
+                if not ends:
+                    continue
+                if t + 1 < 40:   # the next stored step is the start of the agent's next episode
+                    nxt = call["obs"][t + 1, 0, slot]
+                    assert (nxt[2], nxt[3]) == (0, episode + 1)
+                adv = call["advantages"][t, 0, slot]
+                v = call["value"][t, 0, slot]
+                if goal:
+                    # terminated: nothing after the goal is credited, the next episode least of all
+                    assert adv == pytest.approx(call["reward"][t, 0, slot] - v, abs=1e-5)
+                    checked["terminated"] += 1
+                else:
+                    # truncated: bootstrapped from the value of the agent's final observation of
+                    # this episode (step 5, same episode), not of its next episode's first one
+                    i = [f[0] for f in call["finals"]].index(t)
+                    final_obs = call["finals"][i][2]
+                    assert (final_obs[slot][2], final_obs[slot][3]) == (length, episode)
+                    v_final = call["final_values"][i][slot]
+                    assert call["truncation_value"][t, 0, slot] == pytest.approx(v_final, abs=1e-5)
+                    assert adv == pytest.approx(call["reward"][t, 0, slot] + GAMMA * v_final - v, abs=1e-5)
+                    checked["truncated"] += 1
+    # field 0 ends at steps 5, 10, ..., 80 (16 episodes, 5 by max step), field 1 at 7, ..., 77 (11, 3);
+    # 2 agents per team and field
+    assert checked == {"terminated": 2 * 2 * (11 + 8), "truncated": 2 * 2 * (5 + 3)}
+    # logged episode returns: one entry per step where fields ended, per team the mean over its agents
+    expected = expected_episode_infos(log, fields=2, group_reward_weight=0.5)
+    assert len(result.episode_returns) == len(expected) == 16 + 11 - 2   # steps 35 and 70 end both fields
+    for got, want in zip(result.episode_returns, expected):
+        assert got.keys() == want.keys()
+        for g in want:
+            assert got[g] == pytest.approx(want[g], abs=1e-4)
+
+
+def test_recurrent_state_restarts_with_the_agents_episode(tmp_path, captured):
+    """A GRU actor: the hidden state stored for an agent's first step of a new episode is zero,
+    while its teammates in the other field (still mid-episode) keep theirs."""
+    train(tmp_path, steps=20, horizon=20, **{"agents.MAPPO.actor.name": "gru", "agents.MAPPO.critic.name": "gru"})
+    call = [c for c in captured if c["group"] == "team_0"][0]
+    hidden = call["hidden"]   # [T, E, A, 2, H]: what was fed to act at each step
+    # field 0 (slots 0, 1) restarts after steps 5, 10, 15 (t = 4, 9, 14 -> stored at t = 5, 10, 15);
+    # field 1 (slots 2, 3) after step 7 (t = 6 -> t = 7)
+    for t in range(1, 20):
+        for slot in range(4):
+            length = 5 if slot < 2 else 7
+            fresh = t % length == 0
+            assert (np.abs(hidden[t, 0, slot]).sum() == 0) == fresh, (t, slot)
+
+
+def test_mappo_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path):
+    """``marlkit --agent MAPPO --env unity --set env.file_name=<stand-in>``: without group rewards the
+    stand-in pays ``0.01 * sum(action)`` per decision, so a learning policy picks ever higher
+    choices; the logged episode return is the one the stand-in's record gives."""
+    log = tmp_path / "standin.jsonl"
+    env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "console", "--set",
+           f"env.file_name={STANDIN}", f"env.additional_args=['--fields','1','--log','{log}']",
+           "env.group_reward_weight=0", "runner.parallels=1", "runner.horizon=64", "runner.total_steps=1536",
+           "runner.log_interval=1536", f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false",
+           "agents.MAPPO.lr=0.003"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_log(log)
+    assert len(rows) == 1536
+    chosen = np.array([[sum(a["discrete"]) for a in row["actions"].values()] for row in rows], float)
+    # the first rollout (before any update) is near uniform over the allowed choices: 2.875 on
+    # average (the masks forbid a high choice for half the agents); the best allowed sum is 5.5
+    first, last = chosen[:64].mean(), chosen[-256:].mean()
+    assert 2.5 < first < 3.25 and last > first + 1.5, (first, last)
+    infos = expected_episode_infos(rows, fields=1, group_reward_weight=0.0)
+    logged = {g: float(v) for g, v in re.findall(r"(team_\d)/episode_return=(-?[\d.e-]+)", done.stdout)}
+    for g in ("team_0", "team_1"):
+        want = np.mean([i[g] for i in infos[-100:]])
+        assert logged[g] == pytest.approx(want, rel=1e-3), g
