@@ -104,6 +104,7 @@ class _Behaviour:
                               f"behaviour {name!r} at reset")
         self.capacity = capacity
         self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
+        self._slots_of: dict[bytes, np.ndarray] = {}
         shapes = [tuple(o.shape) for o in spec.observation_specs]
         self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
             else (int(sum(np.prod(s) for s in shapes)),)
@@ -120,6 +121,17 @@ class _Behaviour:
         self.deciding = np.zeros(0, np.int64)   # slots of the agents whose action the scene awaits
 
     def slots(self, agent_ids: np.ndarray) -> np.ndarray:
+        """Slots of ``agent_ids``, giving new ids the next free slots; the answer for an id list
+        is kept, since scenes ask for the same agents step after step."""
+        key = agent_ids.tobytes()
+        out = self._slots_of.get(key)
+        if out is None:
+            if len(self._slots_of) >= 4096:
+                self._slots_of.clear()
+            out = self._slots_of[key] = self._assign(agent_ids)
+        return out
+
+    def _assign(self, agent_ids: np.ndarray) -> np.ndarray:
         out = np.empty(len(agent_ids), np.int64)
         for k, agent_id in enumerate(agent_ids.tolist()):
             slot = self.slot.get(agent_id)
@@ -277,34 +289,30 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             g, A = beh.group, beh.capacity
             decision, terminal = self._env.get_steps(beh.name)
+            ds = beh.slots(decision.agent_id)
             o = np.zeros((A,) + beh.obs_shape, np.float32)
             m = np.zeros(A, bool)
             r = np.zeros(A, np.float32)
+            am = np.ones((A, sum(beh.branches)), bool)
+            if len(ds):
+                o[ds] = beh.agent_obs(decision.obs)
+                m[ds] = True
+                r[ds] = decision.reward + w * decision.group_reward if w else decision.reward
+                if decision.action_mask is not None and beh.branches:
+                    am[ds] = ~np.concatenate(decision.action_mask, axis=1)
+            beh.deciding = ds
             term, trunc = np.zeros(A, bool), np.zeros(A, bool)
-            n_mask = sum(beh.branches)
-            am = np.ones((A, n_mask), bool)
             f = None
             if len(terminal):
                 ts = beh.slots(terminal.agent_id)
-                r[ts] = terminal.reward + w * terminal.group_reward
+                # overwrites the reward of an agent that also decides (it restarted in this call):
+                # that decision's reward predates its new episode's first action
+                r[ts] = terminal.reward + w * terminal.group_reward if w else terminal.reward
                 trunc[ts] = terminal.interrupted
                 term[ts] = ~terminal.interrupted
                 f = o.copy()
                 f[ts] = beh.agent_obs(terminal.obs)
                 ended_any = True
-            ds = beh.slots(decision.agent_id)
-            if len(ds):
-                o[ds] = beh.agent_obs(decision.obs)
-                m[ds] = True
-                # a decision right after a restart: its reward predates the new episode's first action
-                fresh = ~(term[ds] | trunc[ds])
-                r[ds[fresh]] += (decision.reward + w * decision.group_reward)[fresh]
-                if decision.action_mask is not None and n_mask:
-                    am[ds] = ~np.concatenate(decision.action_mask, axis=1)
-            beh.deciding = ds
-            if f is not None:
-                keep = ~(term | trunc)
-                f[keep] = o[keep]
             obs[g], agent_mask[g], action_mask[g], reward[g] = o, m, am, r
             terminated[g], truncated[g], final[g] = term, trunc, f
         state = np.concatenate([obs[beh.group].reshape(-1) for beh in self.behaviours])
