@@ -324,3 +324,58 @@ def test_pettingzoo_parallel_api(tmp_path):
     finally:
         env.close()
     assert standin_pids(tag) == []
+
+
+def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
+    from marlkit.envs.factory import make_env_vector
+    from marlkit.config import RunnerConfig
+
+    tag = uuid.uuid4().hex
+    cfg = UnityConfig(file_name=STANDIN, timeout_wait=20, additional_args=["--tag", tag])
+    venv = make_env_vector(cfg, RunnerConfig(parallels=2, vectorize="sync"))
+    try:
+        ports = sorted(env.port for env in venv.envs)
+        assert len(set(ports)) == 2 and len(standin_pids(tag)) == 2
+        args = [_cmdline(pid).split(b"\0") for pid in standin_pids(tag)]
+        launched = sorted(int(a[a.index(b"--mlagents-port") + 1]) for a in args)
+        assert launched == ports
+    finally:
+        venv.close()
+    assert standin_pids(tag) == []
+
+
+def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_no_process(tmp_path):
+    """Subprocess workers, each with its own stand-in; one scene exits after 30 steps."""
+    import marlkit
+    from marlkit.errors import EnvWorkerError
+
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError) as info:
+        marlkit.run(agent="MAPPO", env="unity", logger="none", **{
+            "env.file_name": STANDIN, "env.timeout_wait": 5, "env.additional_args": ["--tag", tag, "--die-after", "30"],
+            "runner.parallels": 2, "runner.vectorize": "subprocess", "runner.horizon": 16, "runner.total_steps": 640,
+            "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
+    message = str(info.value)
+    assert "is gone" in message and "while stepping" in message and "unity env" in message, message
+    assert time.monotonic() - start < 60
+    time.sleep(0.5)
+    assert standin_pids(tag) == []
+    # the env workers (spawned children running multiprocessing's spawn_main) are gone too
+    workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+               if _parent(pid) == os.getpid() and b"spawn_main" in _cmdline(pid)]
+    assert workers == []
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None

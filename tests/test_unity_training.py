@@ -195,6 +195,7 @@ def test_mappo_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_log(log)
     assert len(rows) == 1536
+    assert sum(row["violations"] for row in rows) == 0   # the policy never picked a masked choice
     chosen = np.array([[sum(a["discrete"]) for a in row["actions"].values()] for row in rows], float)
     # the first rollout (before any update) is near uniform over the allowed choices: 2.875 on
     # average (the masks forbid a high choice for half the agents); the best allowed sum is 5.5
