@@ -206,3 +206,32 @@ def test_mappo_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path):
     for g in ("team_0", "team_1"):
         want = np.mean([i[g] for i in infos[-100:]])
         assert logged[g] == pytest.approx(want, rel=1e-3), g
+
+
+def test_an_agent_deciding_every_other_step_is_paid_for_its_own_actions(tmp_path, captured):
+    """``--decision-period 2``: agent ids 1 and 3 (field 0, 5-step episodes) decide at steps 0, 2
+    and 4 of each episode. Unity pays what an agent earned between two decisions when it next
+    decides, so the buffer holds that pay at the absent step, and GAE credits it to the action
+    before (one ``gamma`` per decision)."""
+    result, log = train(tmp_path, steps=40, horizon=40, **{"env.additional_args": [
+        "--fields", "2", "--decision-period", "2", "--log", str(tmp_path / "standin.jsonl")]})
+    lam = 0.95
+    for call in captured:
+        slot = 1   # agent id 1 in team_0, id 3 in team_1
+        agent_id = 1 if call["group"] == "team_0" else 3
+        mask, reward, value, adv = (call[k][:, 0, slot] for k in ("mask", "reward", "value", "advantages"))
+        steps = [t % 5 for t in range(40)]
+        assert mask.tolist() == [s % 2 == 0 for s in steps]
+        for t, s in enumerate(steps):
+            if s in (1, 3):    # absent: paid now for the action of step t - 1 and two steps' -0.001
+                assert adv[t] == 0
+                paid = 0.01 * sum(log[t - 1]["actions"][str(agent_id)]["discrete"]) - 0.002
+                assert reward[t] == pytest.approx(paid, abs=1e-5)
+            elif s in (0, 2):  # acts; nothing paid until its next decision
+                assert reward[t] == 0
+                assert adv[t] == pytest.approx(reward[t + 1] + GAMMA * value[t + 2] - value[t]
+                                               + GAMMA * lam * adv[t + 2], abs=1e-5), t
+            else:              # step 4: its action ends the episode (terminal reward, maybe the goal's)
+                assert call["terminated"][t, 0, slot] or call["truncated"][t, 0, slot]
+                if call["terminated"][t, 0, slot]:
+                    assert adv[t] == pytest.approx(reward[t] - value[t], abs=1e-5)
