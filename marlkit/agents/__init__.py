@@ -4,7 +4,8 @@ from marlkit.agents.base import (ActOut, Agent, Bootstrap, CheckpointMismatchErr
 from marlkit.agents.coma import COMA
 from marlkit.agents.ippo import IPPO
 from marlkit.agents.mappo import MAPPO
+from marlkit.agents.mat import MAT
 from marlkit.agents.random_policy import RandomAgent
 
 __all__ = ["ActOut", "Agent", "Bootstrap", "CheckpointMismatchError", "OnPolicyAgent", "Progress",
-           "TrainingDivergedError", "COMA", "IPPO", "MAPPO", "RandomAgent"]
+           "TrainingDivergedError", "COMA", "IPPO", "MAPPO", "MAT", "RandomAgent"]
