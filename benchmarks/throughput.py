@@ -1,8 +1,9 @@
-"""Env-steps/s of MAPPO training on mpe_spread vs raw env stepping with random actions, at the same
-vectorisation, measured alternately in one process so both see the same machine load.
+"""Env-steps/s of training on mpe_spread (MAPPO, or the agents named by ``--agent``) vs raw env
+stepping with random actions, at the same vectorisation, measured alternately in one process so all
+see the same machine load.
 
-    python benchmarks/throughput.py [--steps 100000] [--parallels 16] [--vectorize sync] [--repeats 3]
-                                    [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
+    python benchmarks/throughput.py [--agent MAPPO [COMA ...]] [--steps 100000] [--parallels 16]
+                                    [--vectorize sync] [--repeats 3] [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
 Prints a table and writes benchmarks/results/throughput[_NAME].json. "raw" uses the same vector env the
 trainer uses (marlkit's PettingZoo adapter, auto-reset, batching) with uniformly random actions;
@@ -59,9 +60,9 @@ def bare_mpe2_steps_per_s(steps: int) -> float:
     return steps / (time.perf_counter() - start)
 
 
-def train_steps_per_s(args, steps: int) -> float:
+def train_steps_per_s(args, agent: str, steps: int) -> float:
     with tempfile.TemporaryDirectory() as root:
-        result = marlkit.run(agent=args.agent, env="mpe_spread", logger="none", **{
+        result = marlkit.run(agent=agent, env="mpe_spread", logger="none", **{
             **args.overrides, "runner.total_steps": steps, "runner.parallels": args.parallels,
             "runner.vectorize": args.vectorize, "runner.progress": False, "runner.run_root": root,
             "runner.save_interval": 10 ** 9})
@@ -70,7 +71,7 @@ def train_steps_per_s(args, steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agent", default="MAPPO")
+    parser.add_argument("--agent", nargs="+", default=["MAPPO"], help="one or more agents, trained in turn each repeat")
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--parallels", type=int, default=16)
     parser.add_argument("--vectorize", default="sync", choices=["sync", "subprocess"])
@@ -81,20 +82,25 @@ def main() -> None:
     args.overrides = parse_set(args.set)
     out = Path(__file__).parent / "results" / f"throughput{('_' + args.tag) if args.tag else ''}.json"
     torch.set_num_threads(1)
-    cfg = build_config(args.agent, "mpe_spread", **{"runner.parallels": args.parallels,
+    cfg = build_config(args.agent[0], "mpe_spread", **{"runner.parallels": args.parallels,
                                                    "runner.vectorize": args.vectorize})
-    rows = {"bare_mpe2": [], "raw": [], "train": []}
+    trains = {agent: ("train" if i == 0 else f"train_{agent}") for i, agent in enumerate(args.agent)}
+    rows = {"bare_mpe2": [], "raw": [], **{key: [] for key in trains.values()}}
     for r in range(args.repeats):
         rows["bare_mpe2"].append(bare_mpe2_steps_per_s(args.steps // 4))
         rows["raw"].append(raw_vector_steps_per_s(cfg, args.steps))
-        rows["train"].append(train_steps_per_s(args, args.steps))
+        for agent, key in trains.items():
+            rows[key].append(train_steps_per_s(args, agent, args.steps))
         print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rows.items()),
               flush=True)
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratio = med["train"] / med["raw"]
-    report = {"agent": args.agent, "parallels": args.parallels, "vectorize": args.vectorize, "overrides": args.set,
+    report = {"agent": args.agent[0] if len(args.agent) == 1 else args.agent, "parallels": args.parallels,
+              "vectorize": args.vectorize, "overrides": args.set,
               "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": rows,
               "median_env_steps_per_s": med, "train_over_raw": ratio,
+              **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}}
+                 if len(trains) > 1 else {}),
               "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, {platform.python_version()}",
               "torch": torch.__version__}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,8 +108,11 @@ def main() -> None:
     print(f"\n{'workload':<34}{'env-steps/s (median)':>22}")
     print(f"{'bare mpe2, 1 env, random':<34}{med['bare_mpe2']:>22.0f}")
     print(f"{f'raw vector env x{args.parallels} ({args.vectorize}), random':<34}{med['raw']:>22.0f}")
-    print(f"{f'{args.agent} training x{args.parallels} ({args.vectorize})':<34}{med['train']:>22.0f}")
-    print(f"train / raw = {ratio:.2f} (target >= 0.80)")
+    for agent, key in trains.items():
+        print(f"{f'{agent} training x{args.parallels} ({args.vectorize})':<34}{med[key]:>22.0f}")
+    print(f"{args.agent[0]} train / raw = {ratio:.2f} (target >= 0.80)")
+    for agent, key in list(trains.items())[1:]:
+        print(f"{agent} / {args.agent[0]} training = {med[key] / med['train']:.2f}")
 
 
 if __name__ == "__main__":

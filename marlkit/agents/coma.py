@@ -38,6 +38,11 @@ class COMAConfig(OnPolicyConfig):
     """OnPolicyConfig with COMA's defaults and its target critic. ``gae_lambda`` is the lambda of
     the critic's TD(lambda) targets (the same lambda-return GAE is built on)."""
 
+    # the actor follows the critic's Q: a low-variance but biased signal that PPO's epochs would
+    # lock onto early (policy entropy 0.6 of 1.6 after 20k steps of mpe_spread at lr 7e-4, 1.3 at
+    # 1.5e-4), so the actor learns slower than the critic
+    lr: float = field(default=1.5e-4, metadata={"min": 0.0})
+    critic_lr: Optional[float] = field(default=7e-4, metadata={"min": 0.0})
     gae_lambda: float = field(default=0.8, metadata={"min": 0.0, "max": 1.0})
     value_clip: Optional[float] = field(default=None, metadata={"min": 0.0})
     # updates between copies of the critic into the target critic that builds the TD(lambda) targets

@@ -22,7 +22,9 @@ class COMACritic(nn.Module):
     def __init__(self, encoder: Encoder, n_agents: int, n_actions: int):
         super().__init__()
         self.encoder, self.n_agents, self.n_actions = encoder, n_agents, n_actions
-        self.head = init_linear(nn.Linear(encoder.out_dim, n_actions), gain=1.0)
+        # near-equal Q-values across actions at the start: an untrained critic must not make one
+        # action look better than the rest, or the actors follow that noise before it is learnt away
+        self.head = init_linear(nn.Linear(encoder.out_dim, n_actions), gain=0.01)
         # others[a] keeps the action one-hots of every agent but a: [A, A * n_actions]
         others = 1.0 - torch.eye(n_agents).repeat_interleave(n_actions, 1)
         self.register_buffer("others", others, persistent=False)
