@@ -11,8 +11,22 @@ import numpy as np
 from gymnasium import spaces
 
 
+def hybrid_parts(space: spaces.Space) -> tuple[int, list[int]] | None:
+    """``(continuous size, discrete branch sizes)`` of a hybrid action space ``Tuple((Box(n,),
+    MultiDiscrete(nvec)))`` (continuous actions and discrete branches together, as Unity ML-Agents
+    allows); None for any other space. A hybrid action travels as one float vector: the
+    continuous values, then the branch choices."""
+    if (isinstance(space, spaces.Tuple) and len(space.spaces) == 2 and isinstance(space.spaces[0], spaces.Box)
+            and isinstance(space.spaces[1], spaces.MultiDiscrete)):
+        return int(np.prod(space.spaces[0].shape)), [int(n) for n in np.asarray(space.spaces[1].nvec).reshape(-1)]
+    return None
+
+
 def action_layout(space: spaces.Space) -> tuple[tuple[int, ...], Any]:
     """(per-agent action shape, dtype) as actions travel between runner, agents and envs."""
+    hybrid = hybrid_parts(space)
+    if hybrid is not None:
+        return (hybrid[0] + len(hybrid[1]),), np.dtype(np.float32)
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(np.int64)
     if isinstance(space, spaces.MultiDiscrete):
@@ -43,8 +57,12 @@ class GroupSpec:
 
     @property
     def n_actions(self) -> int:
-        """Width of ``action_mask``: choices of a Discrete, sum of a MultiDiscrete's, 0 for Box."""
+        """Width of ``action_mask``: choices of a Discrete, sum of a MultiDiscrete's (or of a hybrid
+        space's branches), 0 for Box."""
         space = self.action_space
+        hybrid = hybrid_parts(space)
+        if hybrid is not None:
+            return sum(hybrid[1])
         if isinstance(space, spaces.Discrete):
             return int(space.n)
         if isinstance(space, spaces.MultiDiscrete):

@@ -258,13 +258,40 @@ def test_single_branch_is_discrete_and_continuous_actions_arrive_unchanged(tmp_p
             assert got[str(agent_id)]["discrete"] == []
 
 
-def test_hybrid_actions_are_refused_with_the_reason(tmp_path):
-    """Continuous + discrete branches in one behaviour: the action heads have no hybrid distribution
-    yet, so the env says so at start (and stops the scene) rather than send half an action."""
-    tag = uuid.uuid4().hex
-    with pytest.raises(ConfigError, match=r"hybrid actions \(2 continuous \+ branches \[3, 3, 3\]\)"):
-        make(tmp_path, "--continuous", "2", tag=tag)
-    assert standin_pids(tag) == []
+def test_hybrid_actions_arrive_unchanged(tmp_path):
+    """Two continuous actions and branches [3, 3, 3] in one behaviour: one float vector per agent,
+    continuous values first (clipped to [-1, 1]), then the branch choices."""
+    from gymnasium import spaces
+
+    from marlkit.agents.random_policy import RandomAgent
+
+    env, _ = make(tmp_path, "--continuous", "2")
+    try:
+        gs = env.spec.groups["team_0"]
+        assert isinstance(gs.action_space, spaces.Tuple) and gs.n_actions == 9
+        ob = env.reset()
+        policy = {g: RandomAgent(env.spec.groups[g], env.spec.state_shape, None, 1, 1, seed=i)
+                  for i, g in enumerate(env.spec.groups)}
+        sent = []
+        for t in range(4):
+            actions = {g: p.act(ob.obs[g][None], ob.state[None], ob.agent_mask[g][None], ob.action_mask[g][None],
+                                None).actions[0] for g, p in policy.items()}
+            if t == 3:
+                actions["team_0"][0, 0] = 7.0   # outside the Box: clipped on the way
+            sent.append(actions)
+            ob, *_ = env.step(actions)
+    finally:
+        env.close()
+    log = read_log(tmp_path)
+    for actions, row in zip(sent, log):
+        assert row["violations"] == 0
+        for g in actions:
+            for slot, agent_id in enumerate(agent_ids(env, g)):
+                got = row["actions"][str(agent_id)]
+                want = actions[g][slot]
+                np.testing.assert_array_equal(np.float32(got["continuous"]), np.clip(want[:2], -1, 1))
+                assert got["discrete"] == [int(c) for c in want[2:]]
+    assert log[3]["actions"]["0"]["continuous"][0] == 1.0
 
 
 def test_a_single_image_sensor_keeps_its_shape(tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import marlkit
 from marlkit.agents.base import OnPolicyAgent
@@ -78,12 +79,19 @@ def captured(monkeypatch):
         # each truncation final valued on its own, by the weights (and value normaliser) of this update
         final_values = [self.value_of(f[2][None], f[3][None], np.ones((1, self.n_agents), bool), None)[0]
                         for f in buf.finals]
+        relogged = None
+        if not self.recurrent:   # the stored actions' log-probs under the policy that acted
+            with torch.no_grad():
+                mask = self.tensor(buf.action_mask) if self.group.n_actions else None
+                dist, _ = self.policy(self.tensor(buf.obs), self.tensor(buf.state), None, None, mask)
+                relogged = dist.log_prob(self.tensor(buf.actions)).numpy()
         out = original(self, bootstrap, last_value, truncation_value)
         calls.append({"agent": self, "group": self.group.name, "obs": buf.obs.copy(), "actions": buf.actions.copy(),
                       "reward": buf.reward.copy(), "value": buf.value.copy(), "mask": buf.agent_mask.copy(),
                       "terminated": buf.terminated.copy(), "truncated": buf.truncated.copy(),
                       "finals": list(buf.finals), "final_values": final_values,
-                      "truncation_value": truncation_value.copy(),
+                      "truncation_value": truncation_value.copy(), "log_prob": buf.log_prob.copy(),
+                      "relogged": relogged,
                       "hidden": None if buf.hidden is None else buf.hidden.copy(),
                       "advantages": out["advantages"].copy()})
         return out
@@ -235,3 +243,24 @@ def test_an_agent_deciding_every_other_step_is_paid_for_its_own_actions(tmp_path
                 assert call["terminated"][t, 0, slot] or call["truncated"][t, 0, slot]
                 if call["terminated"][t, 0, slot]:
                     assert adv[t] == pytest.approx(reward[t] - value[t], abs=1e-5)
+
+
+def test_mappo_trains_on_hybrid_actions(tmp_path, captured):
+    """Two continuous actions and branches [3, 3, 3]: what the buffer holds is what the scene got
+    (continuous clipped to [-1, 1]), no masked choice is taken, and the stored log-probs are the
+    policy's own for those actions (the float encoding of the choices round-trips)."""
+    result, log = train(tmp_path, steps=40, horizon=20, **{"env.additional_args": [
+        "--fields", "1", "--continuous", "2", "--log", str(tmp_path / "standin.jsonl")]})
+    assert sum(row["violations"] for row in log) == 0
+    ids = {"team_0": [0, 1], "team_1": [2, 3]}
+    for k, call in enumerate(captured):
+        assert call["actions"].shape == (20, 1, 2, 5)
+        np.testing.assert_allclose(call["relogged"], call["log_prob"], atol=1e-4)
+        for t in range(20):
+            row = log[20 * (k // 2) + t]
+            for slot, agent_id in enumerate(ids[call["group"]]):
+                action = call["actions"][t, 0, slot]
+                got = row["actions"][str(agent_id)]
+                np.testing.assert_allclose(got["continuous"], np.clip(action[:2], -1, 1), atol=1e-6)
+                assert got["discrete"] == action[2:].astype(int).tolist()
+    assert np.isfinite(result.metrics["team_0/approx_kl"])

@@ -8,6 +8,7 @@ from gymnasium import spaces
 
 from marlkit.agents.base import ActOut, Agent
 from marlkit.registry import register_agent
+from marlkit.spec import hybrid_parts
 
 
 @dataclass
@@ -22,6 +23,14 @@ class RandomAgent(Agent):
 
     def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
         space, (E, A) = self.group.action_space, agent_mask.shape
+        hybrid = hybrid_parts(space)
+        if hybrid is not None:  # [continuous in [-1, 1] or the Box's bounds, branch choices] as floats
+            box, branches = space.spaces
+            parts = np.split(action_mask, np.cumsum(hybrid[1])[:-1], -1)
+            choices = np.stack([np.where(m, self.rng.random(m.shape), -1.0).argmax(-1) for m in parts], -1)
+            low, high = np.nan_to_num(box.low, neginf=-1.0), np.nan_to_num(box.high, posinf=1.0)
+            continuous = self.rng.uniform(low, high, (E, A) + box.shape)
+            return ActOut(np.concatenate([continuous, choices], -1).astype(np.float32), np.zeros((E, A), np.float32))
         if isinstance(space, spaces.Discrete):
             # argmax of random scores over allowed actions = uniform among them
             scores = np.where(action_mask, self.rng.random(action_mask.shape), -1.0)

@@ -13,6 +13,7 @@ from gymnasium import spaces
 from torch import nn
 
 from marlkit.networks.base import init_linear
+from marlkit.spec import hybrid_parts
 
 MASKED = -1e9
 
@@ -77,13 +78,40 @@ class DiagGaussian:
         return (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum(-1)
 
 
+class Hybrid:
+    """Continuous actions (a diagonal Gaussian) and discrete branches (masked categoricals), drawn
+    independently; an action is ``[continuous values, branch choices]`` in one float vector."""
+
+    def __init__(self, gaussian: DiagGaussian, branches: MultiCategorical):
+        self.gaussian, self.branches = gaussian, branches
+        self.n_continuous = gaussian.mean.shape[-1]
+
+    def sample(self, generator=None) -> torch.Tensor:
+        return torch.cat([self.gaussian.sample(generator), self.branches.sample(generator).float()], -1)
+
+    def mode(self) -> torch.Tensor:
+        return torch.cat([self.gaussian.mode(), self.branches.mode().float()], -1)
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        n = self.n_continuous
+        return self.gaussian.log_prob(action[..., :n]) + self.branches.log_prob(action[..., n:])
+
+    def entropy(self) -> torch.Tensor:
+        return self.gaussian.entropy() + self.branches.entropy()
+
+
 class ActionHead(nn.Module):
     """Features ``[..., in_dim]`` -> a distribution over the group's action space."""
 
     def __init__(self, action_space: spaces.Space, in_dim: int, log_std_init: float = -0.5):
         super().__init__()
         self.space = action_space
-        if isinstance(action_space, spaces.Discrete):
+        self.hybrid = hybrid_parts(action_space)
+        if self.hybrid is not None:
+            self.n_continuous, self.nvec = self.hybrid
+            out = self.n_continuous + sum(self.nvec)
+            self.log_std = nn.Parameter(torch.full((self.n_continuous,), float(log_std_init)))
+        elif isinstance(action_space, spaces.Discrete):
             out = int(action_space.n)
         elif isinstance(action_space, spaces.MultiDiscrete):
             self.nvec = [int(n) for n in np.asarray(action_space.nvec).reshape(-1)]
@@ -92,11 +120,15 @@ class ActionHead(nn.Module):
             out = int(np.prod(action_space.shape))
             self.log_std = nn.Parameter(torch.full((out,), float(log_std_init)))
         else:
-            raise TypeError(f"action space {action_space} is not supported; use Discrete, MultiDiscrete or Box")
+            raise TypeError(f"action space {action_space} is not supported; use Discrete, MultiDiscrete, Box "
+                            "or Tuple((Box, MultiDiscrete)) (hybrid)")
         self.linear = init_linear(nn.Linear(in_dim, out), gain=0.01)
 
     def forward(self, features: torch.Tensor, action_mask: torch.Tensor | None = None):
         out = self.linear(features)
+        if self.hybrid is not None:
+            n = self.n_continuous
+            return Hybrid(DiagGaussian(out[..., :n], self.log_std), MultiCategorical(out[..., n:], self.nvec, action_mask))
         if isinstance(self.space, spaces.Discrete):
             return Categorical(out, action_mask)
         if isinstance(self.space, spaces.MultiDiscrete):

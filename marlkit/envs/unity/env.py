@@ -11,6 +11,9 @@ Editor connects when Play is pressed.
 - ``agent_mask`` is True for agents that ask for a decision this step; actions are sent for
   exactly those. ``action_mask`` comes from the behaviour's branch masks (ML-Agents' True =
   forbidden is inverted to marlkit's True = allowed).
+- Actions: one branch -> ``Discrete``, several -> ``MultiDiscrete``, continuous -> ``Box(-1, 1)``
+  (clipped there), continuous and branches together -> ``Tuple((Box, MultiDiscrete))`` (hybrid,
+  one float vector per agent: see :func:`marlkit.spec.hybrid_parts`).
 - Observations: an agent's sensors, flattened and concatenated in the behaviour's order; a
   behaviour with a single image sensor keeps its ``[H, W, C]`` shape (for the ``cnn`` model).
 - Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
@@ -111,9 +114,9 @@ class _Behaviour:
         action = spec.action_spec
         self.n_continuous, self.branches = action.continuous_size, tuple(int(b) for b in action.discrete_branches)
         if self.n_continuous and self.branches:
-            raise ConfigError(f"behaviour {name!r} has hybrid actions ({self.n_continuous} continuous + "
-                              f"branches {list(self.branches)}); the unity env supports one kind per behaviour")
-        if self.branches:
+            self.action_space = spaces.Tuple((spaces.Box(-1.0, 1.0, (self.n_continuous,), np.float32),
+                                              spaces.MultiDiscrete(list(self.branches))))
+        elif self.branches:
             self.action_space = spaces.Discrete(self.branches[0]) if len(self.branches) == 1 \
                 else spaces.MultiDiscrete(list(self.branches))
         else:
@@ -272,12 +275,12 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             if not len(beh.deciding):
                 continue
-            chosen = np.asarray(actions[beh.group])[beh.deciding]
-            if beh.branches:
-                discrete = chosen.reshape(len(chosen), -1).astype(np.int32)
-                self._env.set_actions(beh.name, ActionTuple(discrete=discrete))
-            else:
-                self._env.set_actions(beh.name, ActionTuple(continuous=chosen.astype(np.float32)))
+            chosen = np.asarray(actions[beh.group])[beh.deciding].reshape(len(beh.deciding), -1)
+            n = beh.n_continuous
+            # continuous actions clipped to the declared [-1, 1], as ML-Agents' trainer does
+            continuous = np.clip(chosen[:, :n], -1.0, 1.0).astype(np.float32) if n else None
+            discrete = np.rint(chosen[:, n:]).astype(np.int32) if beh.branches else None
+            self._env.set_actions(beh.name, ActionTuple(continuous=continuous, discrete=discrete))
         self._call(self._env.step, "stepping")
         ob, reward, terminated, truncated = self._observe()
         return ob, reward, terminated, truncated, False
