@@ -294,14 +294,15 @@ def test_hybrid_actions_arrive_unchanged(tmp_path):
     assert log[3]["actions"]["0"]["continuous"][0] == 1.0
 
 
-def test_a_single_image_sensor_keeps_its_shape(tmp_path):
+def test_image_sensors_come_first_and_a_single_one_keeps_its_shape(tmp_path):
     env, _ = make(tmp_path, "--image", "8x10x3", "--fields", "1")
     try:
-        # vector sensors and the image together are concatenated (8 + 3 + 240 floats)
-        assert env.spec.groups["team_0"].obs_shape == (8 + 3 + 240,)
+        # the image and the vector sensors together: the image first (240 floats), then 8 + 3
+        assert env.spec.groups["team_0"].obs_shape == (240 + 8 + 3,)
         ob = env.reset()
-        image = ob.obs["team_0"][:, 11:].reshape(2, 8, 10, 3)
+        image = ob.obs["team_0"][:, :240].reshape(2, 8, 10, 3)
         np.testing.assert_allclose(image[1], (1 % 7) / 7.0)
+        assert ob.obs["team_0"][1, 240] == 1 and ob.obs["team_0"][1, 248] == 0   # agent id 1, team 0
     finally:
         env.close()
     env, _ = make(tmp_path, "--image", "8x10x3", "--no-vector", "--fields", "1")

@@ -264,3 +264,29 @@ def test_mappo_trains_on_hybrid_actions(tmp_path, captured):
                 np.testing.assert_allclose(got["continuous"], np.clip(action[:2], -1, 1), atol=1e-6)
                 assert got["discrete"] == action[2:].astype(int).tolist()
     assert np.isfinite(result.metrics["team_0/approx_kl"])
+
+
+def test_mixed_sensors_reach_a_cnn_and_an_mlp_apart(tmp_path, captured):
+    """An 8x10x3 image sensor beside the two vector sensors, the actor ``mixed`` with
+    ``kwargs.images: [[8, 10, 3]]``: its convolutions see exactly each agent's image (the stand-in
+    paints agent ``i`` at episode step ``s`` in ``(i + s) % 7 / 7``), its mlp the vector sensors."""
+    seen = []
+    result, _ = train(tmp_path, steps=20, horizon=10, **{
+        "env.additional_args": ["--fields", "1", "--image", "8x10x3", "--log", str(tmp_path / "standin.jsonl")],
+        "agents.MAPPO.actor.name": "mixed", "agents.MAPPO.actor.kwargs": {"images": [[8, 10, 3]]}})
+    call = captured[0]
+    actor = call["agent"].modules["actor"]
+    conv = actor.cnns[0].conv[0]
+    assert conv.in_channels == 3 and actor.vector[0].normalized_shape == (8 + 3 + 2,)   # + the agent id
+    hook = conv.register_forward_pre_hook(lambda module, args: seen.append(args[0].detach().clone()))
+    try:
+        with torch.no_grad():   # the first stored step of team 0: both agents' obs with their ids
+            actor.encode(torch.from_numpy(np.concatenate([call["obs"][0, 0], np.eye(2, dtype=np.float32)], -1)))
+    finally:
+        hook.remove()
+    images = seen[0]   # [agents, C, H, W]
+    assert images.shape == (2, 3, 8, 10)
+    for slot, agent_id in enumerate([0, 1]):
+        step = int(call["obs"][0, 0, slot, 240 + 2])
+        np.testing.assert_allclose(images[slot].numpy(), (agent_id + step) % 7 / 7.0, atol=1e-6)
+    assert np.isfinite(result.metrics["team_0/policy_loss"])

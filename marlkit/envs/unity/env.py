@@ -14,8 +14,10 @@ Editor connects when Play is pressed.
 - Actions: one branch -> ``Discrete``, several -> ``MultiDiscrete``, continuous -> ``Box(-1, 1)``
   (clipped there), continuous and branches together -> ``Tuple((Box, MultiDiscrete))`` (hybrid,
   one float vector per agent: see :func:`marlkit.spec.hybrid_parts`).
-- Observations: an agent's sensors, flattened and concatenated in the behaviour's order; a
-  behaviour with a single image sensor keeps its ``[H, W, C]`` shape (for the ``cnn`` model).
+- Observations: an agent's sensors, flattened and concatenated: image sensors (3-D) first, then
+  the others, each kind in the behaviour's order, so that the ``mixed`` model can take the images
+  apart for its ``cnn`` (``kwargs.images``: their shapes); a behaviour with a single image sensor
+  keeps its ``[H, W, C]`` shape (for the ``cnn`` model).
 - Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
 - Per-agent episodes: an agent in the terminal steps ends its own episode (``terminated``, or
   ``truncated`` when ML-Agents says it was interrupted at its max step) and carries its final
@@ -109,6 +111,7 @@ class _Behaviour:
         self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
         self._slots_of: dict[bytes, np.ndarray] = {}
         shapes = [tuple(o.shape) for o in spec.observation_specs]
+        self.order = sorted(range(len(shapes)), key=lambda i: len(shapes[i]) != 3)   # images first
         self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
             else (int(sum(np.prod(s) for s in shapes)),)
         action = spec.action_spec
@@ -152,7 +155,7 @@ class _Behaviour:
         n = len(obs_list[0])
         if len(obs_list) == 1:
             return obs_list[0].reshape((n,) + self.obs_shape)
-        return np.concatenate([o.reshape(n, -1) for o in obs_list], axis=1)
+        return np.concatenate([obs_list[i].reshape(n, -1) for i in self.order], axis=1)
 
     def agent_names(self) -> list[str]:
         by_slot = {s: i for i, s in self.slot.items()}
