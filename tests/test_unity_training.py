@@ -188,17 +188,18 @@ def test_recurrent_state_restarts_with_the_agents_episode(tmp_path, captured):
             assert (np.abs(hidden[t, 0, slot]).sum() == 0) == fresh, (t, slot)
 
 
-def test_mappo_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path):
-    """``marlkit --agent MAPPO --env unity --set env.file_name=<stand-in>``: without group rewards the
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
+def test_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path, agent):
+    """``marlkit --agent <agent> --env unity --set env.file_name=<stand-in>``: without group rewards the
     stand-in pays ``0.01 * sum(action)`` per decision, so a learning policy picks ever higher
     choices; the logged episode return is the one the stand-in's record gives."""
     log = tmp_path / "standin.jsonl"
     env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "console", "--set",
+    cmd = [sys.executable, "-m", "marlkit", "--agent", agent, "--env", "unity", "--logger", "console", "--set",
            f"env.file_name={STANDIN}", f"env.additional_args=['--fields','1','--log','{log}']",
            "env.group_reward_weight=0", "runner.parallels=1", "runner.horizon=64", "runner.total_steps=1536",
            "runner.log_interval=1536", f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false",
-           "agents.MAPPO.lr=0.003"]
+           f"agents.{agent}.lr=0.003"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_log(log)
