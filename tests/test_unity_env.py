@@ -407,3 +407,33 @@ def _parent(pid: int) -> int | None:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def test_pettingzoo_view_of_hybrid_actions(tmp_path):
+    """Hybrid agents act with ``(continuous, branch choices)`` tuples drawn within their masks."""
+    from marlkit.envs.unity.parallel import UnityParallelEnv
+
+    env = UnityParallelEnv(file_name=STANDIN, timeout_wait=20,
+                           additional_args=["--continuous", "2", "--fields", "1", "--log", str(tmp_path / "actions.jsonl")])
+    rng = np.random.default_rng(5)
+    try:
+        obs, _ = env.reset()
+        sent = []
+        for _ in range(3):
+            actions = {}
+            for a in env.agents:
+                masks = obs[a]["action_mask"]
+                assert len(masks) == 3 and env.observation_space(a).contains(obs[a])
+                actions[a] = (rng.uniform(-1, 1, 2).astype(np.float32),
+                              np.array([rng.choice(np.flatnonzero(m)) for m in masks]))
+                assert env.action_space(a).contains(actions[a])
+            sent.append(actions)
+            obs, *_ = env.step(actions)
+    finally:
+        env.close()
+    for actions, row in zip(sent, read_log(tmp_path)):
+        assert row["violations"] == 0
+        for a, (continuous, choices) in actions.items():
+            got = row["actions"][a.rsplit("=", 1)[1]]
+            np.testing.assert_array_equal(np.float32(got["continuous"]), continuous)
+            assert got["discrete"] == choices.tolist()

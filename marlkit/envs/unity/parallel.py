@@ -10,7 +10,8 @@ observation; the action given for it is not sent.
 
 Observations are ``{"observation": obs, "action_mask": mask}`` for discrete actions (``mask`` int8,
 1 = allowed, one array per branch for MultiDiscrete: what ``action_space.sample(mask=...)``
-takes), the bare observation for continuous ones.
+takes), the bare observation for continuous ones. Hybrid actions are ``(continuous values, branch
+choices)`` tuples of ``Tuple((Box, MultiDiscrete))``, their mask one array per branch.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 from marlkit.envs.unity.env import UnityConfig, UnityEnv
+from marlkit.spec import hybrid_parts
 
 
 class UnityParallelEnv(ParallelEnv):
@@ -33,11 +35,12 @@ class UnityParallelEnv(ParallelEnv):
         self._obs_spaces, self._act_spaces = {}, {}
         for g, gs in self.env.spec.groups.items():
             space = gs.action_space
+            branches = self._branches(space)
             if isinstance(space, spaces.Discrete):
                 ob_space = spaces.Dict({"observation": gs.observation_space,
                                         "action_mask": spaces.Box(0, 1, (int(space.n),), np.int8)})
-            elif isinstance(space, spaces.MultiDiscrete):
-                masks = spaces.Tuple([spaces.Box(0, 1, (int(n),), np.int8) for n in space.nvec])
+            elif branches:
+                masks = spaces.Tuple([spaces.Box(0, 1, (n,), np.int8) for n in branches])
                 ob_space = spaces.Dict({"observation": gs.observation_space, "action_mask": masks})
             else:
                 ob_space = gs.observation_space
@@ -47,6 +50,14 @@ class UnityParallelEnv(ParallelEnv):
         self.possible_agents = list(self.slot)
         self.agents: list[str] = []
         self._ob = None
+
+    @staticmethod
+    def _branches(space: spaces.Space) -> list[int]:
+        """Branch sizes of a MultiDiscrete or hybrid space (else [])."""
+        if isinstance(space, spaces.MultiDiscrete):
+            return [int(n) for n in space.nvec]
+        hybrid = hybrid_parts(space)
+        return hybrid[1] if hybrid is not None else []
 
     @functools.lru_cache(maxsize=None)
     def observation_space(self, agent: str) -> spaces.Space:
@@ -62,8 +73,9 @@ class UnityParallelEnv(ParallelEnv):
         if isinstance(space, spaces.Box):
             return ob.obs[g][s]
         mask = ob.action_mask[g][s].astype(np.int8)
-        if isinstance(space, spaces.MultiDiscrete):
-            mask = tuple(np.split(mask, np.cumsum(space.nvec)[:-1]))
+        branches = self._branches(space)
+        if branches:
+            mask = tuple(np.split(mask, np.cumsum(branches)[:-1]))
         return {"observation": ob.obs[g][s], "action_mask": mask}
 
     def reset(self, seed: int | None = None, options: dict | None = None):
@@ -78,17 +90,19 @@ class UnityParallelEnv(ParallelEnv):
         out = {}
         for g, gs in self.env.spec.groups.items():
             space = gs.action_space
-            mask = self._ob.action_mask[g]
+            mask, branches, hybrid = self._ob.action_mask[g], self._branches(space), hybrid_parts(space)
             if isinstance(space, spaces.Discrete):
                 arr = mask.argmax(-1)
-            elif isinstance(space, spaces.MultiDiscrete):
-                arr = np.stack([m.argmax(-1) for m in np.split(mask, np.cumsum(space.nvec)[:-1], -1)], -1)
+            elif branches:
+                arr = np.stack([m.argmax(-1) for m in np.split(mask, np.cumsum(branches)[:-1], -1)], -1)
+                if hybrid is not None:
+                    arr = np.concatenate([np.zeros((gs.n_agents, hybrid[0])), arr], -1).astype(np.float32)
             else:
                 arr = np.zeros((gs.n_agents,) + space.shape, np.float32)
             out[g] = arr
         for agent, action in actions.items():
             g, s = self.slot[agent]
-            out[g][s] = action
+            out[g][s] = np.concatenate([np.ravel(part) for part in action]) if isinstance(action, tuple) else action
         return out
 
     def step(self, actions: dict):
