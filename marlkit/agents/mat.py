@@ -134,11 +134,11 @@ class MAT(OnPolicyAgent):
         rep, present_o = self.gather(rep, order), self.gather(present, order)
         mask = self.gather(action_mask[0], order) if action_mask is not None else None
         decoder, head = self.modules["decoder"], self.modules["head"]
-        cache = decoder.new_cache(E, A, rep)
+        decoding = decoder.start(rep)
         token = self.tokens.start(E, rep)
         actions, log_probs = [], []
         for p in range(A):
-            dist = head(decoder.step(token, rep[:, p], cache, p), mask[:, p] if mask is not None else None)
+            dist = head(decoder.step(token, decoding, p), mask[:, p] if mask is not None else None)
             action = dist.sample(self.generator) if explore else dist.mode()
             live = present_o[:, p]
             action = torch.where(live.reshape(-1, *[1] * (action.dim() - 1)), action, torch.zeros_like(action))
