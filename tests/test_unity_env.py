@@ -437,3 +437,19 @@ def test_pettingzoo_view_of_hybrid_actions(tmp_path):
             got = row["actions"][a.rsplit("=", 1)[1]]
             np.testing.assert_array_equal(np.float32(got["continuous"]), continuous)
             assert got["discrete"] == choices.tolist()
+
+
+def test_engine_settings_and_parameters_reach_the_scene(tmp_path):
+    side = tmp_path / "side.jsonl"
+    env, _ = make(None, "--side-log", str(side), time_scale=7.5, engine={"width": 64, "height": 48.0, "quality_level": 2},
+                  parameters={"difficulty": 3})
+    env.close()
+    got = [json.loads(line) for line in side.read_text().splitlines()]
+    assert {"engine": {"time_scale": 7.5}} in got and {"engine": {"width": 64, "height": 48}} in got
+    assert {"engine": {"quality_level": 2}} in got and {"parameter": {"difficulty": 3.0}} in got
+    with pytest.raises(ConfigError, match="env.engine: set width and height together"):
+        make(None, engine={"width": 64})
+    with pytest.raises(ConfigError, match=r"env.engine.quality_level=1.5: must be a whole number"):
+        make(None, engine={"quality_level": 1.5})
+    with pytest.raises(ConfigError, match="env.engine.fov: unknown engine setting"):
+        make(None, engine={"fov": 90})

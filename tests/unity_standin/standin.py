@@ -23,6 +23,9 @@ Every agent gets ``0.01 * (sum of its last discrete action)`` per decision and `
 ``--log`` writes one JSON line per step: the actions received per agent id, masked choices taken,
 and the fields that ended.
 
+``--side-log`` writes one JSON line per side-channel message received: engine settings and
+environment parameters, decoded.
+
 Fault modes for tests: ``--die-after K`` exits abruptly after K steps, ``--hang-after K`` stops
 answering after K steps, ``--never-connect`` never calls the server.
 """
@@ -31,8 +34,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import struct
 import sys
 import time
+import uuid
 
 import grpc
 from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
@@ -42,8 +47,38 @@ from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET, STEP
 from mlagents_envs.communicator_objects.observation_pb2 import NONE, ObservationProto
 from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import UnityToExternalProtoStub
+from mlagents_envs.side_channel import IncomingMessage
 
 TEAMS = (0, 1)
+
+
+ENGINE_CHANNEL = uuid.UUID("e951342c-4f7e-11ea-b238-784f4387d1f7")
+PARAMETERS_CHANNEL = uuid.UUID("534c891e-810f-11ea-a9d0-822485860400")
+ENGINE_SETTINGS = {0: ("width", "height"), 1: ("quality_level",), 2: ("time_scale",), 3: ("target_frame_rate",),
+                   4: ("capture_frame_rate",)}
+
+
+def side_channel_messages(data: bytes) -> list[dict]:
+    """Decode the engine-configuration and environment-parameter messages, as a player's
+    side channels do (others are listed by channel id)."""
+    out, offset = [], 0
+    while offset < len(data):
+        channel = uuid.UUID(bytes_le=bytes(data[offset:offset + 16]))
+        (length,) = struct.unpack_from("<i", data, offset + 16)
+        message = IncomingMessage(bytes(data[offset + 20:offset + 20 + length]))
+        offset += 20 + length
+        if channel == ENGINE_CHANNEL:
+            kind = message.read_int32()
+            names = ENGINE_SETTINGS[kind]
+            values = [message.read_float32()] if kind == 2 else [message.read_int32() for _ in names]
+            out.append({"engine": dict(zip(names, values))})
+        elif channel == PARAMETERS_CHANNEL:
+            key = message.read_string()
+            kind = message.read_int32()
+            out.append({"parameter": {key: message.read_float32() if kind == 0 else None}})
+        else:
+            out.append({"channel": str(channel)})
+    return out
 
 
 def behaviour(team: int) -> str:
@@ -216,6 +251,7 @@ def parse(argv: list[str]):
     parser.add_argument("--image", type=lambda s: tuple(int(v) for v in s.split("x")), default=None)
     parser.add_argument("--no-vector", action="store_true")
     parser.add_argument("--log", default=None)
+    parser.add_argument("--side-log", default=None)
     parser.add_argument("--die-after", type=int, default=None)
     parser.add_argument("--hang-after", type=int, default=None)
     parser.add_argument("--never-connect", action="store_true")
@@ -237,6 +273,10 @@ def main(argv: list[str]) -> int:
     while True:
         if reply.header.status != 200:
             return 0
+        if args.side_log and reply.unity_input.rl_input.side_channel:
+            with open(args.side_log, "a") as side_log:
+                for message in side_channel_messages(reply.unity_input.rl_input.side_channel):
+                    side_log.write(json.dumps(message) + "\n")
         command = reply.unity_input.rl_input.command
         if command == QUIT:
             return 0

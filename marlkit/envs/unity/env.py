@@ -41,6 +41,7 @@ from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Ob
 from marlkit.registry import register_env
 
 ENGINE_SETTINGS = ("width", "height", "quality_level", "time_scale", "target_frame_rate", "capture_frame_rate")
+INTEGER_SETTINGS = ("width", "height", "quality_level", "target_frame_rate", "capture_frame_rate")
 
 
 @dataclass
@@ -75,6 +76,23 @@ def _import_mlagents():
         raise ImportError("mlagents-envs' protobuf modules predate the installed protobuf; run "
                           f"`python -m marlkit.envs.unity.protos` once (`make install` does) ({exc})") from None
     return environment
+
+
+def engine_config(cfg: UnityConfig) -> dict:
+    """The engine settings to send, checked: known names, whole numbers where the engine takes
+    integers, width and height together."""
+    unknown = [k for k in cfg.engine if k not in ENGINE_SETTINGS]
+    if unknown:
+        raise ConfigError(f"env.engine.{unknown[0]}: unknown engine setting; valid: {', '.join(ENGINE_SETTINGS)}")
+    settings = {"time_scale": float(cfg.time_scale), **cfg.engine}
+    for key in INTEGER_SETTINGS:
+        if key in settings:
+            if float(settings[key]) != int(settings[key]):
+                raise ConfigError(f"env.engine.{key}={settings[key]}: must be a whole number")
+            settings[key] = int(settings[key])
+    if ("width" in settings) != ("height" in settings):
+        raise ConfigError("env.engine: set width and height together (the screen resolution)")
+    return settings
 
 
 def free_port() -> int:
@@ -181,15 +199,13 @@ class UnityEnv(MultiAgentEnv):
         from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
         from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel
 
-        unknown = [k for k in cfg.engine if k not in ENGINE_SETTINGS]
-        if unknown:
-            raise ConfigError(f"env.engine.{unknown[0]}: unknown engine setting; valid: {', '.join(ENGINE_SETTINGS)}")
+        engine_settings = engine_config(cfg)
         if cfg.file_name is None and index > 0:
             raise ConfigError("env.file_name is empty, so the env is the Unity Editor, which is one env: "
                               "set runner.parallels=1 (and eval_parallels=1), or point env.file_name at a build")
         self.cfg, self.index = cfg, index
         engine = EngineConfigurationChannel()
-        engine.set_configuration_parameters(**{"time_scale": cfg.time_scale, **cfg.engine})
+        engine.set_configuration_parameters(**engine_settings)
         parameters = EnvironmentParametersChannel()
         for key, value in cfg.parameters.items():
             parameters.set_float_parameter(key, float(value))
