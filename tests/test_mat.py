@@ -236,3 +236,35 @@ def test_learns_on_mpe_spread(tiny):
                                                                "runner.horizon": 25, "runner.total_steps": 20_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -24.0, late
+
+
+def test_masked_slots_never_affect_learning():
+    """Garbage in every absent slot of a rollout (observations, rewards, log-probs, actions, ends)
+    leaves MAT's update, its metrics and weights, as it is with clean slots."""
+    import copy
+
+    from marlkit.envs.factory import make_env_vector
+    from marlkit.envs.pettingzoo import PettingZooEnv
+    from test_masks import _corrupt, _rollout
+    cfg = build_config("MAT", "mpe_spread", **{"agents.MAT.epochs": 2})
+    cfg.env = PettingZooEnv.config_cls(factory="toy_envs:scripted", kwargs={"length": 10})
+    cfg.runner.parallels = 3
+    venv = make_env_vector(cfg.env, cfg.runner)
+    make = lambda: MAT(venv.spec.groups["agents"], venv.spec.state_shape, cfg.agents["MAT"], 3, 16, seed=5)  # noqa: E731
+    clean, dirty = make(), make()
+    try:
+        transitions, bootstrap = _rollout(clean, venv, 16, seed=1)
+    finally:
+        venv.close()
+    assert sum((~t.agent_mask).sum() for t in transitions) > 10
+    rng = np.random.default_rng(0)
+    for tr in transitions:
+        clean.store(tr)
+        dirty.store(_corrupt(tr, rng))
+    bad_bootstrap = copy.deepcopy(bootstrap)
+    bad_bootstrap.obs[~bad_bootstrap.agent_mask] = 777.0
+    m_clean, m_dirty = clean.update(bootstrap), dirty.update(bad_bootstrap)
+    for k in m_clean:
+        assert m_clean[k] == pytest.approx(m_dirty[k], rel=1e-5, abs=1e-7), k
+    for (name, p), q in zip(clean.modules.named_parameters(), dirty.modules.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-7, msg=name)
