@@ -36,8 +36,15 @@ def build_config(agent: str | None = None, env: str | None = None, mode: str = "
     if nested.get("load"):
         # what the checkpoint was trained with: its imports, and its agent and env unless given
         saved = _saved_config(Path(nested["load"]).parent)
-        import_modules(list(saved.get("imports") or []))
-        agent, env = agent or saved.get("agent"), env or saved.get("env_name")
+        imports = list(dict.fromkeys(list(saved.get("imports") or []) + list(nested.get("imports") or [])))
+        import_modules(imports)
+        if saved and env is None and agent in (None, saved.get("agent")) and not files:
+            # the run's resolved config is the base: it holds the env even when that came from a
+            # YAML file of the user's, which its stem in env_name could not find again
+            merged = deep_merge(saved, nested)
+            merged.update(mode=mode, resume=None, imports=imports)
+            return from_dict(merged)
+        agent = agent or saved.get("agent")
     return resolve(agent=agent or "MAPPO", env=env or "mpe_spread", config_files=files, overrides=nested,
                    mode=mode)
 

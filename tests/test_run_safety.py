@@ -338,3 +338,15 @@ def test_help_and_list_do_not_import_torch():
         out = subprocess.run([sys.executable, "-c", code.format(flag=flag)], capture_output=True, text=True,
                              env=cli_env(), timeout=60)
         assert out.stdout.strip().splitlines()[-1] == "False", (flag, out.stdout[-500:], out.stderr[-500:])
+
+
+def test_a_checkpoint_of_a_user_yaml_env_is_tested_without_repeating_the_env(tmp_path, env_yaml):
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:two_team", {"length": 8}, name="my_teams.yaml")
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(root)
+    os.remove(path)      # the run's config.yaml holds the env; the YAML it came from is not needed
+    out = cli("--test", "--load", str(run / "latest.pt"), "--set", "runner.test_episodes=2")
+    assert out.returncode == 0, out.stderr
+    assert "over 2 episodes" in out.stdout and "predator" in out.stdout and "prey" in out.stdout

@@ -466,7 +466,7 @@ class Runner:
             result.metrics[f"{g}/return_mean"] = summary[g]["mean"]
         result.episode_returns = [ep["return"] for ep in episodes]
         (self.run_dir / "test.json").write_text(json.dumps({"checkpoint": str(cfg.load), "groups": summary}, indent=2))
-        print(f"test of {cfg.load} over {len(episodes)} episodes:")
+        print(f"test of {cfg.load} over {len(episodes)} episode{'' if len(episodes) == 1 else 's'}:")
         for g, s in summary.items():
             print(f"  {g:<16} return {s['mean']:9.3f} ± {s['std']:.3f}")
         if render:
