@@ -291,3 +291,36 @@ def test_mixed_sensors_reach_a_cnn_and_an_mlp_apart(tmp_path, captured):
         step = int(call["obs"][0, 0, slot, 240 + 2])
         np.testing.assert_allclose(images[slot].numpy(), (agent_id + step) % 7 / 7.0, atol=1e-6)
     assert np.isfinite(result.metrics["team_0/policy_loss"])
+
+
+def test_an_episode_ending_between_two_decisions_is_credited_to_the_last_one(tmp_path, captured):
+    """6-step episodes, ``--decision-period 4``: agent ids 1 and 3 decide at steps 0 and 4 and are
+    absent when the episode ends after step 5; the terminal reward (what they earned since step 4,
+    and the goal) arrives at that absent step and cuts the episode at their last action."""
+    train(tmp_path, steps=36, horizon=36, **{"env.additional_args": [
+        "--fields", "1", "--episode-length", "6", "--decision-period", "4", "--log", str(tmp_path / "standin.jsonl")]})
+    log = read_log(tmp_path / "standin.jsonl")
+    ends = 0
+    for call in captured:
+        agent_id = 1 if call["group"] == "team_0" else 3
+        team = agent_id // 2
+        mask, reward, value, adv = (call[k][:, 0, 1] for k in ("mask", "reward", "value", "advantages"))
+        term, trunc = call["terminated"][:, 0, 1], call["truncated"][:, 0, 1]
+        assert mask.tolist() == [t % 6 in (0, 4) for t in range(36)]
+        for t in range(4, 36, 6):        # the last decision of each episode, then one absent step
+            episode = t // 6
+            goal = episode % 3 != 2
+            assert not (term[t] or trunc[t]) and reward[t] == 0
+            assert (term[t + 1], trunc[t + 1]) == (goal, not goal)
+            earned = 0.01 * sum(log[t]["actions"][str(agent_id)]["discrete"]) - 0.002
+            group = (1.0 if team == episode % 2 else -1.0) * 0.5 if goal else 0.0
+            assert reward[t + 1] == pytest.approx(earned + group, abs=1e-5)
+            if goal:
+                assert adv[t] == pytest.approx(reward[t + 1] - value[t], abs=1e-5)
+            else:
+                i = [f[0] for f in call["finals"]].index(t + 1)
+                assert call["finals"][i][2][1][2] == 6       # its final observation: step 6 of the episode
+                assert adv[t] == pytest.approx(reward[t + 1] + GAMMA * call["final_values"][i][1] - value[t],
+                                               abs=1e-5)
+            ends += 1
+    assert ends == 2 * 6
