@@ -10,6 +10,7 @@ from marlkit.config import ConfigError
 from marlkit.networks.base import Encoder
 from marlkit.networks.distributions import ActionHead
 from marlkit.networks.heads import SharedValueHead
+from marlkit.networks.mlp import flat_size
 from marlkit.registry import get_model, register_agent
 
 
@@ -55,7 +56,8 @@ class MAPPO(OnPolicyAgent):
         return self._encoder("critic", self.state_shape, per_agent=False)
 
     def critic_head(self, critic: Encoder) -> nn.Module:
-        return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation)
+        return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation,
+                               critic, flat_size(self.state_shape))
 
     def param_groups(self) -> list[dict]:
         m = self.modules
@@ -86,14 +88,15 @@ class MAPPO(OnPolicyAgent):
         return self.modules["actor_head"](features, action_mask), hidden
 
     def values(self, obs, state, hidden, episode_start):
-        """The state ``[L, B, *state_shape]`` is encoded once per env step; a recurrent critic keeps
-        one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``."""
-        encoder = self.modules["critic"]
+        """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic: its
+        first layer, the id joining after it); a recurrent critic keeps one hidden state per env,
+        stored in every agent slot of ``hidden [B, A, H]``."""
+        encoder, head = self.modules["critic"], self.modules["critic_head"]
         h = hidden[:, 0] if hidden is not None and encoder.is_recurrent else None
-        features, h = encoder(state, h, episode_start)
+        features, h = encoder(state, h, episode_start, **({"agent_bias": head.agent_bias} if head.early else {}))
         if h is not None:
             h = h.unsqueeze(1).expand(-1, self.n_agents, -1)
-        return self.modules["critic_head"](features), h
+        return head(features), h
 
     # ------------------------------------------------------------------ loss
 

@@ -3,7 +3,8 @@
 Agents are assigned to groups (``env.groups`` patterns, or by default one group ``agents`` when all
 spaces match, else one group per name prefix such as ``adversary``/``agent``). Action masks come
 from an ``action_mask`` entry of a Dict observation or of the agent's info; the global state from
-``env.state()`` when the env declares a ``state_space``, else the agents' observations concatenated.
+``env.state()`` when the env declares a ``state_space``, else a default built from the agents'
+observations (:func:`default_state`).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from gymnasium import spaces
 from marlkit.config import ConfigError, EnvConfig
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.registry import register_env
+from marlkit.spec import is_channels_last
 
 
 @dataclass
@@ -47,6 +49,33 @@ def import_factory(path: str) -> Callable:
             raise ConfigError(f"env.factory: module {module_name!r} has no attribute {attr!r}")
         fn = getattr(fn, part)
     return fn
+
+
+def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[tuple[int, ...], np.dtype, bool]:
+    """Shape, dtype and kind of the global state of an env without ``state()``, built from the
+    observations of all agent slots (groups in order, slots in order) -> (shape, dtype, stacked).
+
+    ``auto``: when every observation is an image of the same height and width, the images stacked
+    along the channel axis, channels first (``A`` agents of ``(13, 13, 5)`` -> ``(5 * A, 13, 13)``),
+    so a ``cnn`` critic can read them; otherwise (and with ``concat``) the observations flattened
+    and concatenated. Either way uint8 when every observation is uint8 (a quarter of float32's
+    bytes in every buffer; the model scales them), else float32.
+    """
+    dtype = np.dtype(np.uint8 if all(s.dtype == np.uint8 for s in obs_spaces) else np.float32)
+    shapes = [tuple(s.shape) for s in obs_spaces]
+    layouts = {is_channels_last(shape) for shape in shapes}
+    sides = {shape[:2] if is_channels_last(shape) else shape[1:] for shape in shapes if len(shape) == 3}
+    if mode == "auto" and all(len(shape) == 3 for shape in shapes) and len(layouts) == 1 and len(sides) == 1:
+        channels = sum(shape[2] if is_channels_last(shape) else shape[0] for shape in shapes)
+        return (channels, *sides.pop()), dtype, True
+    return (int(sum(np.prod(shape) for shape in shapes)),), dtype, False
+
+
+def _channels_first(images: np.ndarray) -> np.ndarray:
+    """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` -> ``[A * C, H, W]``."""
+    if is_channels_last(images.shape[1:]):
+        images = images.transpose(0, 3, 1, 2)
+    return images.reshape(-1, *images.shape[2:])
 
 
 def _prefix(agent: str) -> str:
@@ -130,12 +159,14 @@ class PettingZooEnv(MultiAgentEnv):
         self._slot = {a: (g, i) for g, gs in self.groups.items() for i, a in enumerate(gs.agents)}
 
         self._env_state = state == "auto" and getattr(env, "state_space", None) is not None
+        self._stacked_state = False
         if self._env_state:
-            state_shape = tuple(env.state_space.shape)
+            state_shape, state_dtype = tuple(env.state_space.shape), np.dtype(np.float32)
         else:
-            state_shape = (int(sum(np.prod(self._obs_space[a].shape) for a in agents)),)
+            slots = [self._obs_space[a] for gs in self.groups.values() for a in gs.agents]
+            state_shape, state_dtype, self._stacked_state = default_state(slots, state)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
-        self.spec = EnvSpec(self.groups, state_shape, render_fps=fps)
+        self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype)
         self._t = 0
         self._checked_first_episode = False
 
@@ -185,8 +216,10 @@ class PettingZooEnv(MultiAgentEnv):
                 out.action_mask[g][i] = mask
         if self._env_state:
             out.state[:] = self.env.state()
+        elif self._stacked_state:
+            out.state[:] = np.concatenate([_channels_first(o) for o in out.obs.values()])
         else:
-            out.state[:] = np.concatenate([out.obs[g].reshape(-1) for g in self.groups]) if self.groups else 0
+            out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()]) if self.groups else 0
         return out
 
     def _env_action(self, agent: str, action: np.ndarray):

@@ -28,11 +28,23 @@ def flat_size(shape: tuple[int, ...]) -> int:
 
 @register_model("mlp")
 class MLP(Encoder):
-    """Fully connected encoder; inputs of any shape (``(27, 5)``, an image) are flattened."""
+    """Fully connected encoder; inputs of any shape (``(27, 5)``, an image) are flattened. An
+    ``agent_bias`` joins after the first linear layer (see ``Encoder``)."""
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
         self.net, self.out_dim = mlp_layers(flat_size(input_shape), cfg)
+        linear = [i for i, layer in enumerate(self.net) if isinstance(layer, nn.Linear)]
+        self.takes_agent_bias = bool(linear)
+        self._bias_at = linear[0] + 1 if linear else 0
+        self.bias_width = cfg.hidden_sizes[0] if linear else 0
 
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x.reshape(x.shape[0], -1).float())
+    def encode(self, x: torch.Tensor, agent_bias: torch.Tensor | None = None) -> torch.Tensor:
+        x = x.reshape(x.shape[0], -1).float()
+        if agent_bias is None:
+            return self.net(x)
+        for i, layer in enumerate(self.net):
+            if i == self._bias_at:
+                x = x.unsqueeze(-2) + agent_bias
+            x = layer(x)
+        return x

@@ -1,0 +1,197 @@
+"""Observations of any shape, image critics and the default global state: what many agents with
+small images need (the synthetic grid battle of ``benchmarks/scaling.py`` is the env)."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from gymnasium import spaces
+
+import marlkit
+from marlkit.agents.base import Bootstrap
+from marlkit.api import build_config
+from marlkit.config import ModelConfig
+from marlkit.errors import ConfigError
+from marlkit.envs.factory import make_env_vector
+from marlkit.envs.pettingzoo import PettingZooEnv, default_state
+from marlkit.networks.cnn import CNN
+from marlkit.registry import get_agent
+from marlkit.spec import GroupSpec
+from toy_envs import ScriptedEnv
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+from scaling import make_env  # noqa: E402
+
+TEAMS = {"red": ["red_*"], "blue": ["blue_*"]}
+
+
+def _battle_yaml(tmp_path, n_agents=4, **env):
+    path = tmp_path / "battle.yaml"
+    path.write_text(yaml.safe_dump({"description": "grid battle", "env": {
+        "type": "pettingzoo", "factory": "scaling:make_env", "kwargs": {"n_agents": n_agents, "max_cycles": 12},
+        "groups": TEAMS, **env}}))
+    return str(path)
+
+
+def _group(obs_shape, n_agents=3, dtype=np.float32, n_actions=4):
+    low, high = (0, 255) if dtype == np.uint8 else (-1, 1)
+    return GroupSpec("agents", [f"agent_{i}" for i in range(n_agents)],
+                     spaces.Box(low, high, obs_shape, dtype), spaces.Discrete(n_actions))
+
+
+def _agent(name, group, state_shape, state_dtype=np.float32, **cfg):
+    agent_cfg = build_config(name, "mpe_spread").agents[name]
+    for key, value in cfg.items():
+        setattr(agent_cfg, key, value)
+    return get_agent(name)(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0, state_dtype=state_dtype)
+
+
+def _fill_and_update(agent, obs_shape, state_shape, state_dtype=np.float32, obs_dtype=np.float32):
+    """Four steps of random data for 2 envs, one update -> (metrics, bootstrap values)."""
+    from marlkit.buffers import Transition
+    rng = np.random.default_rng(0)
+    A = agent.n_agents
+
+    def sample(shape, dtype):
+        return rng.integers(0, 256, shape).astype(dtype) if dtype == np.uint8 else rng.normal(size=shape).astype(dtype)
+
+    for t in range(4):
+        obs, state = sample((2, A, *obs_shape), obs_dtype), sample((2, *state_shape), state_dtype)
+        mask = np.ones((2, A), bool)
+        out = agent.act(obs, state, mask, np.ones((2, A, 4), bool), None)
+        assert out.actions.shape == (2, A)
+        agent.store(Transition(obs, state, mask, np.ones((2, A, 4), bool), out.actions, out.log_prob, out.value,
+                               rng.normal(size=(2, A)).astype(np.float32), np.zeros((2, A), bool),
+                               np.zeros((2, A), bool), np.zeros(2, bool), obs, state))
+    bootstrap = Bootstrap(sample((2, A, *obs_shape), obs_dtype), sample((2, *state_shape), state_dtype),
+                          np.ones((2, A), bool), np.ones((2, A, 4), bool), None)
+    values = agent.value_of(bootstrap.obs, bootstrap.state, bootstrap.agent_mask, None)
+    return agent.update(bootstrap), values
+
+
+@pytest.mark.parametrize("use_agent_id", [True, False])
+def test_mlp_takes_non_flat_vector_observations(use_agent_id):
+    """(27, 5) observations and state: flattened by mlp, the agent id joins the features."""
+    agent = _agent("MAPPO", _group((27, 5)), (3, 27, 5), use_agent_id=use_agent_id)
+    assert agent.modules["actor"].net[0].normalized_shape == (135,)
+    metrics, values = _fill_and_update(agent, (27, 5), (3, 27, 5))
+    assert np.isfinite(metrics["policy_loss"]) and values.shape == (2, 3)
+    ipp = _agent("IPPO", _group((27, 5)), (3, 27, 5), use_agent_id=use_agent_id)
+    metrics, values = _fill_and_update(ipp, (27, 5), (3, 27, 5))
+    assert np.isfinite(metrics["value_loss"]) and values.shape == (2, 3)
+
+
+@pytest.mark.parametrize("shape, convs, out_side", [((13, 13, 5), 3, 3), ((7, 7, 3), 2, 3), ((4, 84, 84), 3, 7),
+                                                    ((5, 40, 30), 3, 4)])
+def test_cnn_fits_small_and_large_images(shape, convs, out_side):
+    cnn = CNN(shape, ModelConfig(name="cnn", hidden_sizes=[32]))
+    layers = [m for m in cnn.conv if isinstance(m, torch.nn.Conv2d)]
+    assert len(layers) == convs
+    channels = shape[2] if cnn.channels_last else shape[0]
+    x = torch.zeros(2, *shape, dtype=torch.uint8)
+    image = x.permute(0, 3, 1, 2) if cnn.channels_last else x
+    feature_map = cnn.conv[:-1](image.float())
+    assert layers[0].in_channels == channels and feature_map.shape[-1] == out_side
+    assert cnn.encode(x).shape == (2, 32)
+
+
+def test_too_small_image_fails_before_training_naming_model_and_shape(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump({"description": "6x6 images", "env": {
+        "type": "pettingzoo", "factory": "test_scaling_models:small_images", "kwargs": {}}}))
+    with pytest.raises(ConfigError, match=r"agents\.MAPPO\.actor: model 'cnn' cannot take shape \(6, 6, 3\)"):
+        marlkit.run(agent="MAPPO", env=str(path), logger="none", **{
+            "agents.MAPPO.actor": {"name": "cnn"}, "runner.run_root": str(tmp_path / "runs"),
+            "runner.progress": False, "runner.parallels": 1, "runner.total_steps": 10})
+    assert not (tmp_path / "runs").exists()
+
+
+class SmallImageEnv(ScriptedEnv):
+    def __init__(self):
+        super().__init__(length=4)
+        self._obs_space = spaces.Box(0, 255, (6, 6, 3), np.uint8)
+
+    def _obs(self, agent):
+        return self.np_random.integers(0, 256, (6, 6, 3)).astype(np.uint8)
+
+
+def small_images():
+    return SmallImageEnv()
+
+
+def test_default_state_of_images_is_a_uint8_channel_stack():
+    env = PettingZooEnv(make_env(6), groups=TEAMS)
+    assert env.spec.state_shape == (30, 13, 13) and env.spec.state_dtype == np.uint8
+    ob = env.reset(seed=0)
+    # slots in order, red then blue; each agent's (13, 13, 5) view as 5 channels-first planes
+    views = np.concatenate([ob.obs["red"], ob.obs["blue"]])
+    assert ob.state.dtype == np.uint8
+    np.testing.assert_array_equal(ob.state, views.transpose(0, 3, 1, 2).reshape(30, 13, 13))
+    # 4 bytes per slot pixel as float32 concatenation; the stack holds 1
+    assert ob.state.nbytes == views.nbytes == views.size
+
+
+def test_default_state_falls_back_to_concatenation():
+    vec = [spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (3,), np.float64)]
+    assert default_state(vec) == ((7,), np.dtype(np.float32), False)
+    mixed = [spaces.Box(0, 255, (8, 8, 3), np.uint8), spaces.Box(0, 255, (9, 9, 3), np.uint8)]
+    assert default_state(mixed) == ((8 * 8 * 3 + 9 * 9 * 3,), np.dtype(np.uint8), False)
+    images = [spaces.Box(0, 255, (2, 9, 9), np.uint8)] * 3
+    assert default_state(images) == ((6, 9, 9), np.dtype(np.uint8), True)
+    assert default_state(images, "concat") == ((486,), np.dtype(np.uint8), False)
+
+
+def test_slot_of_an_agent_that_died_this_step_holds_its_last_observation_then_zeros():
+    env = PettingZooEnv(ScriptedEnv(length=10))    # agent_1 terminates after its step 3
+    env.reset(seed=0)
+    for _ in range(3):
+        env.step({"agents": np.zeros(3, np.int64)})
+    ob, _, terminated, _, _ = env.step({"agents": np.zeros(3, np.int64)})
+    assert terminated["agents"][1] and not ob.agent_mask["agents"][1]
+    last = ob.obs["agents"][1]
+    assert last[0] == 1 and last[1] == pytest.approx(0.4)       # agent index 1, step 4 of 10
+    np.testing.assert_array_equal(ob.state.reshape(3, 4)[1], last)
+    ob, *_ = env.step({"agents": np.zeros(3, np.int64)})
+    assert not ob.obs["agents"][1].any() and not ob.state.reshape(3, 4)[1].any()
+
+
+def test_ippo_stores_no_state_and_mappo_stores_the_uint8_stack(tmp_path):
+    cfg = build_config("MAPPO", _battle_yaml(tmp_path), **{"runner.parallels": 2})
+    venv = make_env_vector(cfg.env, cfg.runner)
+    try:
+        spec = venv.spec
+    finally:
+        venv.close()
+    red = spec.groups["red"]
+    ippo = _agent("IPPO", red, spec.state_shape, spec.state_dtype)
+    mappo = _agent("MAPPO", red, spec.state_shape, spec.state_dtype)
+    assert ippo.buffer.state.nbytes == 0
+    assert mappo.buffer.state.dtype == np.uint8 and mappo.buffer.state.shape == (4, 2, 20, 13, 13)
+
+
+def test_mappo_cnn_critic_encodes_the_image_state_once_per_env_step(tmp_path):
+    """An image state reaches a cnn critic; its encoder runs once per env step, not once per agent,
+    and every agent still gets its own value."""
+    spec_state = (4 * 5, 13, 13)
+    group = _group((13, 13, 5), n_agents=4, dtype=np.uint8)
+    agent = _agent("MAPPO", group, spec_state, np.uint8, actor=ModelConfig(name="cnn", hidden_sizes=[32]),
+                   critic=ModelConfig(name="cnn", hidden_sizes=[32]))
+    batches = []
+    agent.modules["critic"].register_forward_hook(lambda m, args, out: batches.append(args[0].shape[:2]))
+    metrics, values = _fill_and_update(agent, (13, 13, 5), spec_state, np.uint8, np.uint8)
+    assert np.isfinite(metrics["value_loss"])
+    assert values.shape == (2, 4) and len(np.unique(values.round(6))) == 8     # one value per agent
+    assert all(shape[-1] == 2 * 4 or shape == (1, 2) for shape in batches)     # [L, B] of env steps
+
+
+def test_mappo_trains_on_the_grid_battle_with_cnn_models(tmp_path):
+    result = marlkit.run(agent="MAPPO", env=_battle_yaml(tmp_path), logger="none", **{
+        "agents.MAPPO.actor": {"name": "cnn", "hidden_sizes": [32]},
+        "agents.MAPPO.critic": {"name": "cnn", "hidden_sizes": [32]}, "agents.MAPPO.epochs": 2,
+        "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 2,
+        "runner.horizon": 12, "runner.total_steps": 48})
+    assert result.steps == 48
+    assert np.isfinite(result.metrics["red/value_loss"]) and np.isfinite(result.metrics["blue/value_loss"])
+    assert any(r for r in result.episode_returns)
