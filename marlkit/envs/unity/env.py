@@ -127,7 +127,7 @@ class _Behaviour:
                               f"behaviour {name!r} at reset")
         self.capacity = capacity
         self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
-        self._slots_of: dict[bytes, np.ndarray] = {}
+        self._slots_of: dict[bytes, tuple] = {}
         shapes = [tuple(o.shape) for o in spec.observation_specs]
         self.order = sorted(range(len(shapes)), key=lambda i: len(shapes[i]) != 3)   # images first
         self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
@@ -143,16 +143,24 @@ class _Behaviour:
         else:
             self.action_space = spaces.Box(-1.0, 1.0, (self.n_continuous,), np.float32)
         self.deciding = np.zeros(0, np.int64)   # slots of the agents whose action the scene awaits
+        self.deciding_index: np.ndarray | slice = self.deciding
 
     def slots(self, agent_ids: np.ndarray) -> np.ndarray:
         """Slots of ``agent_ids``, giving new ids the next free slots; the answer for an id list
         is kept, since scenes ask for the same agents step after step."""
+        return self.indexed(agent_ids)[0]
+
+    def indexed(self, agent_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | slice]:
+        """(slots, an index into ``[A, ...]`` arrays): ``slice(None)`` when the ids fill every
+        slot in order (the usual step), which numpy copies far faster than a scatter."""
         key = agent_ids.tobytes()
         out = self._slots_of.get(key)
         if out is None:
             if len(self._slots_of) >= 4096:
                 self._slots_of.clear()
-            out = self._slots_of[key] = self._assign(agent_ids)
+            slots = self._assign(agent_ids)
+            every = len(slots) == self.capacity and bool((slots == np.arange(self.capacity)).all())
+            out = self._slots_of[key] = (slots, slice(None) if every else slots)
         return out
 
     def _assign(self, agent_ids: np.ndarray) -> np.ndarray:
@@ -294,11 +302,14 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             if not len(beh.deciding):
                 continue
-            chosen = np.asarray(actions[beh.group])[beh.deciding].reshape(len(beh.deciding), -1)
+            chosen = np.asarray(actions[beh.group])[beh.deciding_index].reshape(len(beh.deciding), -1)
             n = beh.n_continuous
             # continuous actions clipped to the declared [-1, 1], as ML-Agents' trainer does
             continuous = np.clip(chosen[:, :n], -1.0, 1.0).astype(np.float32) if n else None
-            discrete = np.rint(chosen[:, n:]).astype(np.int32) if beh.branches else None
+            discrete = None
+            if beh.branches:
+                discrete = chosen[:, n:] if chosen.dtype.kind in "iu" else np.rint(chosen[:, n:])
+                discrete = discrete.astype(np.int32)
             self._env.set_actions(beh.name, ActionTuple(continuous=continuous, discrete=discrete))
         self._call(self._env.step, "stepping")
         ob, reward, terminated, truncated = self._observe()
@@ -311,18 +322,18 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             g, A = beh.group, beh.capacity
             decision, terminal = self._env.get_steps(beh.name)
-            ds = beh.slots(decision.agent_id)
+            ds, di = beh.indexed(decision.agent_id)
             o = np.zeros((A,) + beh.obs_shape, np.float32)
             m = np.zeros(A, bool)
             r = np.zeros(A, np.float32)
             am = np.ones((A, sum(beh.branches)), bool)
             if len(ds):
-                o[ds] = beh.agent_obs(decision.obs)
-                m[ds] = True
-                r[ds] = decision.reward + w * decision.group_reward if w else decision.reward
+                o[di] = beh.agent_obs(decision.obs)
+                m[di] = True
+                r[di] = decision.reward + w * decision.group_reward if w else decision.reward
                 if decision.action_mask is not None and beh.branches:
-                    am[ds] = ~np.concatenate(decision.action_mask, axis=1)
-            beh.deciding = ds
+                    am[di] = ~np.concatenate(decision.action_mask, axis=1)
+            beh.deciding, beh.deciding_index = ds, di
             term, trunc = np.zeros(A, bool), np.zeros(A, bool)
             f = None
             if len(terminal):
