@@ -453,3 +453,31 @@ def test_engine_settings_and_parameters_reach_the_scene(tmp_path):
         make(None, engine={"quality_level": 1.5})
     with pytest.raises(ConfigError, match="env.engine.fov: unknown engine setting"):
         make(None, engine={"fov": 90})
+
+
+def test_the_editor_path_waits_for_a_scene_that_connects_by_itself(tmp_path):
+    """``file_name: null`` is the Editor: marlkit launches nothing and waits on the port for the
+    scene to connect (what pressing Play does). The stand-in, started by hand on that port, plays
+    the Editor; closing the env ends its session and it exits, as the Editor stops playing."""
+    import subprocess
+
+    from marlkit.envs.unity.env import free_port
+
+    port = free_port()
+    editor = subprocess.Popen([STANDIN, "--mlagents-port", str(port), "--log", str(tmp_path / "actions.jsonl")])
+    try:
+        env = UnityEnv(UnityConfig(file_name=None, base_port=port, timeout_wait=20))
+        try:
+            assert list(env.spec.groups) == ["team_0", "team_1"]
+            ob = env.reset()
+            env.step({g: random_allowed(np.random.default_rng(0), ob.action_mask[g]) for g in env.spec.groups})
+        finally:
+            env.close()
+        assert editor.wait(timeout=20) == 0
+        assert len(read_log(tmp_path)) == 1
+    finally:
+        if editor.poll() is None:
+            editor.kill()
+            editor.wait()
+    with pytest.raises(ConfigError, match="is the Unity Editor, which is one env"):
+        UnityEnv(UnityConfig(file_name=None), index=1)
