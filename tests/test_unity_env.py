@@ -370,6 +370,15 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
     finally:
         venv.close()
     assert standin_pids(tag) == []
+    # a fixed base_port: env i listens on base_port + worker_id + i
+    base = free_base_port(3)
+    venv = make_env_vector(UnityConfig(file_name=STANDIN, timeout_wait=20, base_port=base, worker_id=1,
+                                       additional_args=["--tag", tag]), RunnerConfig(parallels=2, vectorize="sync"))
+    try:
+        assert [env.port for env in venv.envs] == [base + 1, base + 2]
+    finally:
+        venv.close()
+    assert standin_pids(tag) == []
 
 
 def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_no_process(tmp_path):
@@ -393,6 +402,20 @@ def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_
     workers = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
                if _parent(pid) == os.getpid() and b"spawn_main" in _cmdline(pid)]
     assert workers == []
+
+
+def free_base_port(n: int) -> int:
+    """A port p with p .. p + n - 1 all free right now."""
+    import socket
+    for p in range(20000 + os.getpid() % 20000, 65000, n):
+        try:
+            for port in range(p, p + n):
+                with socket.socket() as s:
+                    s.bind(("localhost", port))
+            return p
+        except OSError:
+            continue
+    raise RuntimeError("no free port range")
 
 
 def _cmdline(pid: int) -> bytes:
