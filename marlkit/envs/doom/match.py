@@ -7,6 +7,7 @@ whole match has been torn down (the survivors would otherwise block forever, eac
 """
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import shutil
@@ -15,9 +16,12 @@ import socket
 import tempfile
 import time
 from dataclasses import replace
+from multiprocessing.connection import wait
 
 from marlkit.envs.doom import worker
 from marlkit.envs.doom.worker import PlayerSettings
+
+log = logging.getLogger("marlkit.doom")
 
 
 class DoomPlayerError(RuntimeError):
@@ -42,6 +46,39 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _state(pid: int) -> str | None:
+    """The process state letter from /proc (R running, S sleeping, T stopped, Z zombie), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _fault(worker_pid: int) -> str:
+    """What is wrong with a player that does not answer, as far as the OS can tell: its worker or
+    its engine (the other member of the worker's process group) stopped or gone; '' if nothing."""
+    if _state(worker_pid) in ("T", "t"):
+        return "is stopped"
+    try:
+        engines = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != worker_pid
+                   and _pgid(int(p)) == worker_pid]
+    except OSError:   # no /proc: nothing more to tell
+        return ""
+    if not engines or all(_state(p) in (None, "Z") for p in engines):
+        return "has lost its engine"
+    if any(_state(p) in ("T", "t") for p in engines):
+        return "has a stopped engine"
+    return ""
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
 class DoomMatch:
     """``start()`` the players, then ``reset(seed)`` / ``step(actions, tics)`` them in lockstep.
 
@@ -57,6 +94,7 @@ class DoomMatch:
         self.pgids: list[int] = []
         self.work_dir: str | None = None
         self.info: list[dict] = []
+        self.current_port: int | None = None   # the port of the running match
 
     @property
     def players(self) -> int:
@@ -71,12 +109,18 @@ class DoomMatch:
         """Start every player; retried on a new port when the host could not bind (the engine then
         crashes inside init(), which the client library turns into a segfault of the worker)."""
         errors = []
-        for attempt in range(self.start_attempts if self.port is None else 1):
+        attempts = self.start_attempts if self.port is None else 1
+        for attempt in range(attempts):
+            port = self.port if self.port is not None else free_port()
             try:
-                self._start_once(self.port if self.port is not None else free_port())
+                self._start_once(port)
+                self.current_port = port
                 return
             except DoomPlayerError as exc:
                 errors.append(str(exc))
+                if attempt + 1 < attempts:
+                    log.warning("%s: the match did not start on port %d (%s); retrying on another port",
+                                self.name, port, str(exc).splitlines()[0])
         raise DoomPlayerError(f"{self.name}: the match did not start after {len(errors)} attempt(s); "
                               f"last error: {errors[-1]}")
 
@@ -122,15 +166,19 @@ class DoomMatch:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns, self.pgids = [], [], []
+        self.current_port = None
         if self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
 
     # ------------------------------------------------------------------ lockstep calls
 
-    def _who(self, i: int) -> str:
+    def _player(self, i: int) -> str:
         pid = self.procs[i].pid if i < len(self.procs) else None
-        return f"{self.name}: player_{i} (pid {pid})"
+        return f"player_{i} (pid {pid})"
+
+    def _who(self, i: int) -> str:
+        return f"{self.name}: {self._player(i)}"
 
     def _fail(self, message: str, player: int | None = None) -> DoomPlayerError:
         tail = self._log_tail(player) if player is not None else ""
@@ -147,27 +195,45 @@ class DoomMatch:
         return "\n".join("  " + line for line in kept[-lines:])
 
     def _gather(self, what: str, timeout: float, expect: str = "ok") -> list:
+        """One answer from every player. Waits on all pipes and process sentinels at once: in
+        lockstep a player that dies or hangs blocks all the others, so every silent player is
+        watched, and the one at fault (dead, stopped, or with a dead engine) is the one named."""
         deadline = time.monotonic() + timeout
-        out = []
-        for i, (conn, proc) in enumerate(zip(self.conns, self.procs)):
-            while not conn.poll(0.02):
-                if not proc.is_alive() and not conn.poll(0):
+        out: list = [None] * len(self.conns)
+        pending = set(range(len(self.conns)))
+        while pending:
+            wait([self.conns[i] for i in pending] + [self.procs[i].sentinel for i in pending],
+                 max(0.0, min(0.5, deadline - time.monotonic())))
+            for i in sorted(pending):
+                conn, proc = self.conns[i], self.procs[i]
+                if conn.poll(0):
+                    try:
+                        status, payload = conn.recv()
+                    except (EOFError, OSError):
+                        proc.join(0.5)
+                        raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}",
+                                         i) from None
+                    if status == "error":
+                        raise self._fail(f"{self._who(i)} failed while {what}: {payload}", i)
+                    if status != expect:
+                        raise self._fail(f"{self._who(i)} answered {status!r} while {what}")
+                    out[i] = payload
+                    pending.discard(i)
+                elif not proc.is_alive():
                     proc.join(0.1)
                     raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}", i)
-                if time.monotonic() > deadline:
-                    raise self._fail(f"{self._who(i)} did not answer within {timeout:g} s while {what} "
-                                     "(env.player_timeout); the match was stopped", i)
-            try:
-                status, payload = conn.recv()
-            except (EOFError, OSError):
-                proc.join(0.5)
-                raise self._fail(f"{self._who(i)} died with exit code {proc.exitcode} while {what}", i) from None
-            if status == "error":
-                raise self._fail(f"{self._who(i)} failed while {what}: {payload}", i)
-            if status != expect:
-                raise self._fail(f"{self._who(i)} answered {status!r} while {what}")
-            out.append(payload)
+            if pending and time.monotonic() >= deadline:
+                raise self._timeout(sorted(pending), what, timeout)
         return out
+
+    def _timeout(self, silent: list[int], what: str, timeout: float) -> DoomPlayerError:
+        faults = {i: _fault(self.procs[i].pid) for i in silent}
+        culprits = [i for i in silent if faults[i]] or silent
+        named = ", ".join(f"{self._player(i)}{' ' + faults[i] if faults[i] else ''}" for i in culprits)
+        waiting = [f"player_{i}" for i in silent if i not in culprits]
+        return self._fail(f"{self.name}: {named} and did not answer within {timeout:g} s while {what} "
+                          "(env.player_timeout)" + (f"; {', '.join(waiting)} waited on it" if waiting else "")
+                          + "; the match was stopped", culprits[0])
 
     def _call(self, cmd: str, args: list, what: str) -> list:
         if not self.conns:

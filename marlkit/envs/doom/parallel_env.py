@@ -62,6 +62,7 @@ class DoomCoopEnv(ParallelEnv):
         self._screens = np.zeros((cfg.players, self._channels, h, w), np.uint8)
         self._vars = None
         self._tics = 0
+        self.last_episode: dict[str, dict] = {}   # per player, the game stats of the last finished episode
         self.match.start()
 
     def observation_space(self, agent):
@@ -139,6 +140,7 @@ class DoomCoopEnv(ParallelEnv):
         infos = self._infos(player, shared)
         if finished:
             self.agents = []
+            self.last_episode = {a: player_stats(variables[i]) for i, a in enumerate(self.possible_agents)}
         return self._observations(), rewards, terminations, truncations, infos
 
     def _restart_or_raise(self, exc: DoomPlayerError) -> None:

@@ -15,7 +15,9 @@ import numpy as np
 from marlkit.envs.doom.worker import VARIABLES
 
 _I = {name: i for i, name in enumerate(VARIABLES)}
-AMMO = [_I[f"AMMO{i}"] for i in range(10)]
+# AMMOk is the ammo of weapon slot k; slots sharing an ammo type read the same pool (pistol 2 and
+# chaingun 4: bullets; plasma 6 and BFG 7: cells), so only one slot per type is counted.
+AMMO = [_I[f"AMMO{k}"] for k in (2, 3, 5, 6)]
 
 
 @dataclass
@@ -26,7 +28,7 @@ class RewardWeights:
     damage: float = 0.01    # per player: damage dealt, per hit point
     deaths: float = -1.0    # per player: each death
     health: float = 0.0     # per player: health gained (lost when negative), while alive
-    ammo: float = 0.0       # per player: ammo gained (spent when negative), summed over ammo types, while alive
+    ammo: float = 0.0       # per player: ammo gained (spent when negative), summed over bullets, shells, rockets and cells, while alive
 
 
 def player_stats(v: np.ndarray) -> dict[str, float]:

@@ -15,7 +15,8 @@ Lockstep: in a network game every engine needs every peer's input for each tic, 
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-This module imports neither torch nor marlkit, so a worker starts in a fraction of a second.
+This module imports neither torch nor the rest of marlkit (a spawned worker still imports the
+``marlkit.envs`` package on the way here, but not torch or the agents).
 """
 from __future__ import annotations
 
@@ -92,8 +93,11 @@ def build_game(s: PlayerSettings):
     if s.player == 0:
         # Respawning through the engine: respawn_player() loops tics until the player is alive,
         # and those tics need the peers, who are waiting on us -> deadlock in lockstep.
+        # Maps with one co-op start place the other players on deathmatch starts; picked at random,
+        # a spot blocked by a monster ends the game with "No player 2 start" (seen on deathmatch.cfg),
+        # while the farthest spot is always taken.
         args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", "+sv_forcerespawn 1",
-                "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
+                "+sv_spawnfarthest 1", "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
     else:
         args = [f"-join 127.0.0.1 -port {s.port}", *s.join_args]
     game.add_game_args(" ".join([*args, f"+name P{s.player}", f"+colorset {s.player % 8}"]))

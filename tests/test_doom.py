@@ -1,0 +1,314 @@
+"""The ViZDoom co-op env: real engines in real lockstep games over loopback, at the smallest
+resolution and with episodes of a few dozen tics."""
+import logging
+import os
+import signal
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pettingzoo.test import parallel_api_test
+
+from marlkit.config import ConfigError, RunnerConfig, resolve
+from marlkit.envs.doom import DoomConfig, DoomCoopEnv, DoomPlayerError, RewardWeights
+from marlkit.envs.doom import match as match_module
+from marlkit.envs.doom.rewards import player_stats, reward_parts
+from marlkit.envs.doom.worker import VARIABLES
+from marlkit.envs.factory import make_env_vector
+
+SHORT = {"episode_timeout": 40, "frame_skip": 2}   # 20 steps an episode
+ACTIONS = [[], ["ATTACK"], ["MOVE_FORWARD", "TURN_LEFT"]]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:   # gone, even while being read
+        return False
+
+
+def process_group(pgid: int) -> list[int]:
+    """Live members of a process group: a player's worker and its engine."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:   # gone, even while being read
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                out.append(int(entry))
+    return out
+
+
+def match_pids(env: DoomCoopEnv) -> list[int]:
+    """Every worker of the match with its engine (each player is a process group of its own)."""
+    pids = [pid for worker in env.match.pids() for pid in process_group(worker)]
+    assert len(pids) == 2 * env.cfg.players, f"expected a worker and an engine per player, found {pids}"
+    return pids
+
+
+def gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not any(alive(p) for p in pids)
+
+
+def doom_of(env) -> DoomCoopEnv:
+    """The ParallelEnv inside marlkit's wrappers and adapter."""
+    while not isinstance(env, DoomCoopEnv):
+        env = env.env
+    return env
+
+
+def random_actions(env, rng) -> dict:
+    return {a: int(rng.integers(env.action_space(a).n)) for a in env.agents}
+
+
+@pytest.fixture
+def env2():
+    env = DoomCoopEnv(players=2, actions=ACTIONS, **SHORT)
+    yield env
+    env.close()
+
+
+def test_parallel_api_test_passes(env2):
+    parallel_api_test(env2, num_cycles=200)
+
+
+def test_observations_actions_and_game_variables(env2):
+    obs, infos = env2.reset(seed=3)
+    assert env2.agents == ["player_0", "player_1"]
+    for a in env2.agents:
+        assert obs[a].shape == (1, 120, 160) and obs[a].dtype == np.uint8
+        assert env2.observation_space(a).contains(obs[a])
+        assert env2.action_space(a).n == len(ACTIONS)
+        assert {"health", "ammo", "kills", "deaths", "damage"} <= set(infos[a])
+        assert infos[a]["health"] == 100 and infos[a]["deaths"] == 0 and infos[a]["kills"] == 0
+    assert np.abs(obs["player_0"].astype(int) - obs["player_1"].astype(int)).mean() > 1, \
+        "the two players see the same screen: they did not get separate starts"
+    state = env2.state()
+    assert state.shape == env2.state_space.shape and state.dtype == np.float32
+    # The action table reaches the engine: ATTACK (action 1) spends pistol ammo, a no-op does not.
+    start = [infos[a]["ammo"] for a in env2.agents]
+    for _ in range(12):
+        _, _, _, _, infos = env2.step({"player_0": 1, "player_1": 0})
+    assert infos["player_0"]["ammo"] < start[0]
+    assert infos["player_1"]["ammo"] == start[1]
+
+
+def test_action_table_from_buttons_and_combinations():
+    cfg = DoomConfig(buttons=["ATTACK", "MOVE_FORWARD", "TURN_LEFT"], actions=ACTIONS)
+    assert cfg.action_table() == [[0, 0, 0], [1, 0, 0], [0, 1, 1]]
+    default = DoomConfig(buttons=["ATTACK", "TURN_LEFT"])
+    assert default.action_table() == [[0, 0], [1, 0], [0, 1]]    # no-op, then each button alone
+    with pytest.raises(ConfigError, match=r"env.actions\[1\].*JUMP"):
+        DoomConfig(buttons=["ATTACK"], actions=[[], ["JUMP"]])
+    with pytest.raises(ConfigError, match="unknown button 'ATACK'.*ATTACK"):
+        DoomCoopEnv(buttons=["ATACK"], **SHORT)
+
+
+def _vars(**per_player) -> np.ndarray:
+    """``[N, V]`` game variables; ``per_player[name]`` lists the value of each player."""
+    n = len(next(iter(per_player.values())))
+    v = np.zeros((n, len(VARIABLES)))
+    v[:, VARIABLES.index("HEALTH")] = 100
+    for name, values in per_player.items():
+        v[:, VARIABLES.index(name)] = values
+    return v
+
+
+def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart():
+    w = RewardWeights(kills=1.0, damage=0.01, deaths=-1.0, health=0.1, ammo=0.5)
+    before = _vars(KILLCOUNT=[3, 3], DAMAGECOUNT=[0, 40], DEATHCOUNT=[0, 0], HEALTH=[100, 30], AMMO2=[10, 10])
+    after = _vars(KILLCOUNT=[5, 5], DAMAGECOUNT=[30, 40], DEATHCOUNT=[0, 1], HEALTH=[90, 100], AMMO2=[8, 50])
+    player, shared = reward_parts(before, after, w)
+    assert shared == 2.0                                    # two monsters died: the whole team's reward
+    # player 0: 30 damage dealt, lost 10 health, spent 2 ammo; player 1 died (its health and ammo
+    # jumped back to their start values on respawn, which is no reward)
+    np.testing.assert_allclose(player, [0.3 - 1.0 - 1.0, -1.0], rtol=1e-6)
+    # the engine's odd health reading of a dead player is clipped
+    dead = _vars(HEALTH=[-999900, 100], DEAD=[1, 0])
+    player, _ = reward_parts(dead, _vars(HEALTH=[-999900, 100], DEAD=[1, 0]), w)
+    np.testing.assert_array_equal(player, [0.0, 0.0])
+    assert player_stats(after[1])["deaths"] == 1 and player_stats(after[0])["damage"] == 30
+
+
+def test_rewards_in_a_real_game_add_up_to_the_game_variables():
+    """Every step's reward is the player's part plus the shared part, the shared part is the same for
+    everyone, and over an episode they add up to the changes in the counters seen in info."""
+    w = RewardWeights(kills=1.0, damage=0.01, deaths=-1.0, health=0.0, ammo=0.5)
+    env = DoomCoopEnv(players=2, actions=ACTIONS, reward=w, **SHORT)
+    try:
+        _, infos = env.reset(seed=0)
+        first = {a: dict(infos[a]) for a in env.agents}
+        totals = {a: 0.0 for a in env.possible_agents}
+        shared_total = 0.0
+        while env.agents:
+            _, rewards, _, _, infos = env.step({"player_0": 1, "player_1": 2})   # player_0 keeps firing
+            shares = {infos[a]["reward_shared"] for a in env.possible_agents}
+            assert len(shares) == 1
+            shared_total += shares.pop()
+            for a in env.possible_agents:
+                assert rewards[a] == pytest.approx(infos[a]["reward_player"] + infos[a]["reward_shared"])
+                totals[a] += rewards[a]
+        for a in env.possible_agents:
+            d = {k: infos[a][k] - first[a][k] for k in ("kills", "damage", "deaths", "ammo")}   # pistol only
+            assert shared_total == pytest.approx(d["kills"])
+            assert totals[a] - shared_total == pytest.approx(0.01 * d["damage"] - d["deaths"] + 0.5 * d["ammo"])
+        assert totals["player_0"] - shared_total < 0          # firing cost ammo: the player part saw it
+        assert env.last_episode["player_0"]["ammo"] == infos["player_0"]["ammo"]
+    finally:
+        env.close()
+
+
+def test_four_players_end_their_episode_together_and_render_side_by_side():
+    env = DoomCoopEnv(players=4, render_mode="rgb_array", **SHORT)
+    try:
+        obs, _ = env.reset(seed=1)
+        assert sorted(obs) == [f"player_{i}" for i in range(4)]
+        rng = np.random.default_rng(0)
+        steps = 0
+        while env.agents:
+            obs, _, term, trunc, _ = env.step(random_actions(env, rng))
+            steps += 1
+        assert steps == 40 // 2 and all(trunc.values()) and not any(term.values())
+        frame = env.render()
+        assert frame.shape == (120, 4 * 160, 3) and frame.dtype == np.uint8
+        np.testing.assert_array_equal(frame[:, 160:320, 0], obs["player_1"][0])
+        assert env.state().shape == (4 * 8 + 1,)
+    finally:
+        env.close()
+
+
+def test_screens_state_rgb_and_wrappers_through_a_vector_env():
+    cfg = replace(resolve("MAPPO", "doom_coop").env, grayscale=False, state="screens", resize=[30, 40],
+                  frame_stack=2, **SHORT)
+    venv = make_env_vector(cfg, RunnerConfig(vectorize="sync"), 1)
+    try:
+        ob = venv.reset(seed=0)
+        assert ob.obs["agents"].shape == (1, 2, 2 * 3, 30, 40) and ob.obs["agents"].dtype == np.uint8
+        assert ob.state.shape == (1, 2 * 3, 30, 40) and ob.state.dtype == np.uint8
+        res = venv.step({"agents": np.zeros((1, 2), np.int64)})
+        assert res.next.obs["agents"].shape == (1, 2, 6, 30, 40)
+    finally:
+        venv.close()
+
+
+def test_every_env_of_two_vector_envs_runs_on_its_own_port():
+    cfg = replace(resolve("MAPPO", "doom_coop").env, resize=[30, 40], frame_stack=1, **SHORT)
+    venvs = [make_env_vector(cfg, RunnerConfig(vectorize="sync"), 2) for _ in range(2)]
+    try:
+        raws = [doom_of(e) for v in venvs for e in v.envs]
+        ports = [r.match.current_port for r in raws]
+        assert len(set(ports)) == 4 and None not in ports
+        assert [r.index for r in raws] == [0, 1, 0, 1]
+        for v in venvs:
+            v.reset(seed=0)
+        for _ in range(5):
+            for v in venvs:
+                v.step({"agents": np.ones((2, 2), np.int64)})
+    finally:
+        for v in venvs:
+            v.close()
+
+
+def test_a_fixed_base_port_gives_env_i_port_plus_i():
+    base = match_module.free_port()
+    env = DoomCoopEnv(DoomConfig(port=base, **SHORT), index=1)
+    try:
+        assert env.match.current_port == base + 1
+    finally:
+        env.close()
+
+
+def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
+    """The host engine crashes when its port is taken; the match starts again on another port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
+        taken.bind(("0.0.0.0", 0))
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        real = match_module.free_port
+        monkeypatch.setattr(match_module, "free_port", lambda: next(picks, None) or real())
+        with caplog.at_level(logging.WARNING, logger="marlkit.doom"):
+            env = DoomCoopEnv(players=2, **SHORT)
+        try:
+            assert env.match.current_port not in (None, busy)
+            assert f"did not start on port {busy}" in caplog.text
+            env.reset(seed=0)
+            env.step({a: 0 for a in env.agents})
+        finally:
+            env.close()
+
+
+def test_engine_files_never_land_in_the_current_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    env = DoomCoopEnv(players=2, **SHORT)
+    work_dir = Path(env.match.work_dir)
+    env.reset(seed=0)
+    env.step({a: 0 for a in env.agents})
+    assert (work_dir / "_vizdoom").is_dir()   # the engines wrote their files, but here
+    env.close()
+    assert list(tmp_path.iterdir()) == []
+    assert not work_dir.exists()
+
+
+def test_close_leaves_no_process(env2):
+    pids = match_pids(env2)
+    env2.close()
+    assert gone_within(pids, 5)
+
+
+def test_a_killed_player_is_an_error_naming_env_and_player():
+    env = DoomCoopEnv(DoomConfig(players=2, **SHORT), index=3)
+    try:
+        env.reset(seed=0)
+        pids = match_pids(env)
+        os.kill(env.match.pids()[1], signal.SIGKILL)
+        with pytest.raises(DoomPlayerError, match=r"env 3: player_1 \(pid \d+\) died with exit code -9"):
+            for _ in range(5):
+                env.step({a: 0 for a in env.agents})
+        assert gone_within(pids, 5)
+    finally:
+        env.close()
+
+
+def test_a_hung_player_is_an_error_within_the_player_timeout():
+    assert DoomConfig().player_timeout <= 10
+    env = DoomCoopEnv(DoomConfig(players=2, player_timeout=2.0, **SHORT))
+    try:
+        env.reset(seed=0)
+        pids = match_pids(env)
+        os.kill(env.match.pids()[1], signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(DoomPlayerError, match=r"env 0: player_1 \(pid \d+\) is stopped and did not answer "
+                                                  r"within 2 s while stepping"):
+            env.step({a: 0 for a in env.agents})
+        assert time.monotonic() - start < 4
+        assert gone_within(pids, 5)      # the stopped worker and every spinning engine too
+    finally:
+        env.close()
+
+
+def test_a_failed_match_restarts_when_asked_and_counts_it(caplog):
+    env = DoomCoopEnv(DoomConfig(players=2, restart_on_failure=True, **SHORT))
+    try:
+        env.reset(seed=0)
+        old = match_pids(env)
+        os.kill(env.match.pids()[0], signal.SIGKILL)
+        with caplog.at_level(logging.WARNING, logger="marlkit.doom"):
+            _, rewards, term, trunc, infos = env.step({a: 0 for a in env.agents})
+        assert all(trunc.values()) and not any(term.values()) and env.agents == []
+        assert infos["player_0"]["restarts"] == 1
+        assert "player_0" in caplog.text and "restarting the match (restart 1 of this env)" in caplog.text
+        assert gone_within(old, 5)
+        _, infos = env.reset(seed=1)
+        assert infos["player_1"]["restarts"] == 1 and env.step({a: 0 for a in env.agents})[0]
+    finally:
+        env.close()
