@@ -275,9 +275,9 @@ def test_listed_benchmark_runs_and_mpe_tag_with_mappo_opponents(tiny):
 
 
 def test_learns_on_mpe_spread(tiny):
-    """Clearly better than the random policy (about -26.6, mean over agents) within 40k env steps."""
+    """Clearly better than the random policy (about -26.6, mean over agents) within 60k env steps."""
     run = marlkit.run(agent="COMA", env="mpe_spread", seed=1, **{**tiny, "runner.parallels": 16, "runner.horizon": 25,
-                                                                 "runner.total_steps": 40_000})
+                                                                 "runner.total_steps": 60_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -26.6 + 2.0, late
     assert run.metrics["agents/entropy"] > 0.5          # still exploring: the actor has not locked on
