@@ -135,7 +135,7 @@ class GridBattleEnv(ParallelEnv):
         survivors = [a for a in acting if a not in gone]
         wiped = len({self.team[a] for a in survivors}) < 2
         time_up = self.t >= self.max_cycles
-        terminations = {a: a in dead or wiped for a in acting}
+        terminations = {a: a in gone or wiped for a in acting}
         truncations = {a: time_up and not terminations[a] for a in acting}
         views = self._views()
         obs = {a: views[self.team[a]][self._window(a)] for a in acting}   # the dead see their last view
@@ -311,4 +311,7 @@ def cfg_state_shape(cfg) -> tuple[int, ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as the module the env factory names ("scaling"), so that the step counter patches the
+    # class the vector envs build, not a __main__ twin of it
+    from scaling import main as scaling_main
+    sys.exit(scaling_main())

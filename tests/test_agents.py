@@ -18,10 +18,9 @@ def _agent(name, env, **cfg_overrides):
 def test_mappo_critic_sees_state_and_ippo_critic_sees_obs():
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
     mappo, ippo = _agent("MAPPO", env), _agent("IPPO", env)
-    # MAPPO: env.state() (54), encoded once per env step, then a head with the agent id (3);
+    # MAPPO: env.state() (54) + agent id (3), its first layer computed once per env step;
     # IPPO: own obs (18) + agent id (3)
-    assert mappo.modules["critic"].net[0].normalized_shape == (54,)
-    assert mappo.modules["critic_head"].agent_bias.shape == (3, 64)
+    assert mappo.modules["critic"].net[0].normalized_shape == (57,)
     assert ippo.modules["critic"].net[0].normalized_shape == (21,)
     assert env.spec.state_shape == (54,)
     obs = torch.zeros(1, 2, 3, 18)

@@ -17,6 +17,7 @@ from marlkit.errors import ConfigError
 from marlkit.envs.factory import make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv, default_state
 from marlkit.networks.cnn import CNN
+from marlkit.networks.mlp import MLP
 from marlkit.registry import get_agent
 from marlkit.spec import GroupSpec
 from toy_envs import ScriptedEnv
@@ -81,6 +82,33 @@ def test_mlp_takes_non_flat_vector_observations(use_agent_id):
     ipp = _agent("IPPO", _group((27, 5)), (3, 27, 5), use_agent_id=use_agent_id)
     metrics, values = _fill_and_update(ipp, (27, 5), (3, 27, 5))
     assert np.isfinite(metrics["value_loss"]) and values.shape == (2, 3)
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 255.0])
+def test_mlp_values_all_ids_at_once_as_if_each_were_appended(layer_norm, scale):
+    """MAPPO's mlp critic on ``[state, one-hot id]`` computes its first layer once per env step:
+    the features equal those of the n explicit inputs (state-sized pixels included)."""
+    torch.manual_seed(0)
+    S, n = 40, 5
+    mlp = MLP((S + n,), ModelConfig(name="mlp", hidden_sizes=[16, 16], layer_norm=layer_norm))
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.add_(torch.randn_like(p) * 0.1)    # LayerNorm gains and shifts away from 1 and 0
+    x = torch.rand(6, S) * scale
+    explicit = torch.cat([x.unsqueeze(1).expand(-1, n, -1), torch.eye(n).expand(6, -1, -1)], -1)
+    expected = mlp.encode(explicit.reshape(6 * n, -1)).reshape(6, n, -1)
+    torch.testing.assert_close(mlp.encode(x, n_ids=n), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_mappo_mlp_critic_is_one_network_on_state_and_id():
+    agent = _agent("MAPPO", _group((6,)), (10,))
+    assert agent.modules["critic"].net[0].normalized_shape == (13,)      # state 10 + 3 ids
+    state = torch.randn(1, 2, 10)
+    values, _ = agent.values(None, state, None, None)
+    explicit = torch.cat([state.unsqueeze(2).expand(-1, -1, 3, -1), torch.eye(3).expand(1, 2, 3, 3)], -1)
+    features = agent.modules["critic"].encode(explicit.reshape(6, 13)).reshape(1, 2, 3, -1)
+    torch.testing.assert_close(values, agent.modules["critic_head"].out(features).squeeze(-1))
 
 
 @pytest.mark.parametrize("shape, convs, out_side", [((13, 13, 5), 3, 3), ((7, 7, 3), 2, 3), ((4, 84, 84), 3, 7),

@@ -52,12 +52,17 @@ class MAPPO(OnPolicyAgent):
                           self.cfg.log_std_init)
         return {"actor": actor, "actor_head": head, "critic": critic, "critic_head": self.critic_head(critic)}
 
+    def _critic_takes_ids(self) -> bool:
+        return self.cfg.use_agent_id and get_model(self.cfg.critic.name).takes_ids
+
     def critic_encoder(self) -> Encoder:
+        if self._critic_takes_ids():   # built for [state, one-hot id]; valued for all ids at once
+            return self._encoder("critic", (flat_size(self.state_shape) + self.n_agents,), per_agent=False)
         return self._encoder("critic", self.state_shape, per_agent=False)
 
     def critic_head(self, critic: Encoder) -> nn.Module:
         return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation,
-                               critic, flat_size(self.state_shape))
+                               ids_in_encoder=critic.takes_ids and self._critic_takes_ids())
 
     def param_groups(self) -> list[dict]:
         m = self.modules
@@ -88,12 +93,13 @@ class MAPPO(OnPolicyAgent):
         return self.modules["actor_head"](features, action_mask), hidden
 
     def values(self, obs, state, hidden, episode_start):
-        """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic: its
-        first layer, the id joining after it); a recurrent critic keeps one hidden state per env,
-        stored in every agent slot of ``hidden [B, A, H]``."""
+        """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic on
+        ``[state, one-hot id]`` computes its first layer once for all ids); a recurrent critic
+        keeps one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``."""
         encoder, head = self.modules["critic"], self.modules["critic_head"]
         h = hidden[:, 0] if hidden is not None and encoder.is_recurrent else None
-        features, h = encoder(state, h, episode_start, **({"agent_bias": head.agent_bias} if head.early else {}))
+        ids = {"n_ids": self.n_agents} if head.ids_in_encoder else {}
+        features, h = encoder(state, h, episode_start, **ids)
         if h is not None:
             h = h.unsqueeze(1).expand(-1, self.n_agents, -1)
         return head(features), h

@@ -4,10 +4,10 @@ Encoders map inputs ``[L, B, *input_shape]`` (L = time steps of a training chunk
 to features ``[L, B, out_dim]``. Recurrent encoders also take and return a hidden state
 ``[B, hidden_size]`` and reset it where ``episode_start`` ``[L, B]`` is True.
 
-An encoder with ``takes_agent_bias`` can read one input for ``A`` agents at the cost of one: its
-first layer runs once, then ``agent_bias`` ``[A, bias_width]`` (one learned vector per agent, what
-a one-hot id appended to the input would add) splits it into ``A`` rows for the remaining layers,
-giving features ``[L, B, A, out_dim]``.
+An encoder with ``takes_ids``, built for flat inputs with an ``n``-way one-hot id appended,
+can be given the input alone and ``n_ids=n``: it returns features ``[L, B, n, out_dim]``, those
+of the input with each id appended, without building the ``n`` copies of the input (what a
+critic on the global state plus the agent id needs, once per env step instead of once per agent).
 """
 from __future__ import annotations
 
@@ -28,19 +28,18 @@ def init_linear(layer: nn.Linear, gain: float = math.sqrt(2)) -> nn.Linear:
 class Encoder(nn.Module):
     is_recurrent = False
     hidden_size = 0
-    takes_agent_bias = False
-    bias_width = 0
+    takes_ids = False
     out_dim: int
 
-    def encode(self, x: torch.Tensor, agent_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``[N, *input_shape]`` -> ``[N, out_dim]``, or ``[N, A, out_dim]`` with ``agent_bias``
+    def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
+        """``[N, *input_shape]`` -> ``[N, out_dim]``, or ``[N, n_ids, out_dim]`` (see ``takes_ids``)
         (feed-forward encoders implement this)."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, hidden: torch.Tensor | None = None, episode_start: torch.Tensor | None = None,
-                agent_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                n_ids: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         lead = x.shape[:2]
         flat = x.reshape(-1, *x.shape[2:])
-        if agent_bias is None:
+        if not n_ids:
             return self.encode(flat).reshape(*lead, -1), hidden
-        return self.encode(flat, agent_bias).reshape(*lead, len(agent_bias), -1), hidden
+        return self.encode(flat, n_ids).reshape(*lead, n_ids, -1), hidden

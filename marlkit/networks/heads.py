@@ -4,34 +4,29 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from marlkit.networks.base import ACTIVATIONS, Encoder, init_linear
+from marlkit.networks.base import ACTIVATIONS, init_linear
 
 
 class SharedValueHead(nn.Module):
     """Values ``[L, B, A]`` of a group's ``A`` agents from one input they share (the global state),
     so that the costly part of the encoder runs once per env step, not once per agent.
 
-    With agent ids and an encoder that ``takes_agent_bias`` (``mlp``), the id joins right after the
-    encoder's first layer, as a learned per-agent vector (``agent_bias``): the same network as a
-    critic on ``[state, one-hot id]``, but the first layer, the one whose size grows with the
-    state, runs once per env step; the encoder then gives ``[L, B, A, F]`` and ``forward`` reads
-    them out. With other encoders (``cnn``, ``gru``), a hidden layer on ``[features, one-hot id]``
+    With agent ids and an encoder that ``takes_ids`` (``mlp``), the encoder is built for
+    ``[state, one-hot id]`` and computes its first layer, the one whose size grows with the state,
+    once per env step for all ids (``ids_in_encoder``): it gives ``[L, B, A, F]`` and ``forward``
+    reads them out. With other encoders (``cnn``, ``gru``), a hidden layer on ``[features, one-hot id]``
     after the encoding ``[L, B, F]`` tells the agents apart: its id part is a learned per-agent
     bias, so the layer costs one ``F x F`` product per env step plus ``A`` additions. Without ids,
     all agents share one linear readout.
     """
 
     def __init__(self, in_dim: int, n_agents: int, use_agent_id: bool, activation: str = "relu",
-                 encoder: Encoder | None = None, input_size: int = 0):
+                 ids_in_encoder: bool = False):
         super().__init__()
         self.n_agents = n_agents
         self.use_agent_id = use_agent_id
-        self.early = use_agent_id and encoder is not None and encoder.takes_agent_bias
-        if self.early:
-            # initialised as the id columns of one orthogonal layer on [state, one-hot id]
-            joint = init_linear(nn.Linear(input_size + n_agents, encoder.bias_width))
-            self.agent_bias = nn.Parameter(joint.weight[:, input_size:].T.detach().clone())   # [A, width]
-        elif use_agent_id:
+        self.ids_in_encoder = use_agent_id and ids_in_encoder
+        if use_agent_id and not ids_in_encoder:
             joint = init_linear(nn.Linear(in_dim + n_agents, in_dim))  # initialised as one layer on [features, id]
             self.proj = nn.Linear(in_dim, in_dim)
             with torch.no_grad():
@@ -42,8 +37,8 @@ class SharedValueHead(nn.Module):
         self.out = init_linear(nn.Linear(in_dim, 1), gain=1.0)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """``[L, B, A, F]`` (encoded with ``agent_bias``) or ``[L, B, F]`` -> ``[L, B, A]``."""
-        if self.early:
+        """``[L, B, A, F]`` (``ids_in_encoder``) or ``[L, B, F]`` -> ``[L, B, A]``."""
+        if self.ids_in_encoder:
             return self.out(features).squeeze(-1)
         if self.use_agent_id:
             hidden = self.act(self.proj(features).unsqueeze(-2) + self.agent_bias)   # [L, B, A, F]

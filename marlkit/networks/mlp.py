@@ -28,23 +28,44 @@ def flat_size(shape: tuple[int, ...]) -> int:
 
 @register_model("mlp")
 class MLP(Encoder):
-    """Fully connected encoder; inputs of any shape (``(27, 5)``, an image) are flattened. An
-    ``agent_bias`` joins after the first linear layer (see ``Encoder``)."""
+    """Fully connected encoder; inputs of any shape (``(27, 5)``, an image) are flattened. Takes
+    ids (see ``Encoder``): the first layer is computed once for all ids."""
+
+    takes_ids = True
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
         self.net, self.out_dim = mlp_layers(flat_size(input_shape), cfg)
         linear = [i for i, layer in enumerate(self.net) if isinstance(layer, nn.Linear)]
-        self.takes_agent_bias = bool(linear)
-        self._bias_at = linear[0] + 1 if linear else 0
-        self.bias_width = cfg.hidden_sizes[0] if linear else 0
+        self._first = linear[0] if linear else None
 
-    def encode(self, x: torch.Tensor, agent_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
         x = x.reshape(x.shape[0], -1).float()
-        if agent_bias is None:
+        if not n_ids:
             return self.net(x)
-        for i, layer in enumerate(self.net):
-            if i == self._bias_at:
-                x = x.unsqueeze(-2) + agent_bias
-            x = layer(x)
-        return x
+        if self._first is None:   # no hidden layer: nothing to share
+            ids = torch.eye(n_ids, device=x.device).expand(len(x), -1, -1)
+            return self.net(torch.cat([x.unsqueeze(1).expand(-1, n_ids, -1), ids], -1))
+        return self.net[self._first + 1:](self._first_layer_with_ids(x, n_ids))
+
+    def _first_layer_with_ids(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The input LayerNorm and first Linear of ``[x, one-hot(i)]`` for every ``i < n`` ->
+        ``[N, n, width]``, from ``x`` ``[N, S]`` alone: a one-hot adds the same values to every
+        row's statistics (one 1, n - 1 zeros), so the normalisation is shared by all ids, and the
+        Linear of the id part is one weight column per id. Costs one ``S x width`` product, not n."""
+        linear = self.net[self._first]
+        S = x.shape[-1]
+        w_x, w_id = linear.weight[:, :S], linear.weight[:, S:]          # [F, S], [F, n]
+        if self._first == 0:
+            return (x @ w_x.T + linear.bias).unsqueeze(1) + w_id.T
+        norm = self.net[0]
+        gain_x, gain_id = norm.weight[:S], norm.weight[S:]
+        shift_x, shift_id = norm.bias[:S], norm.bias[S:]
+        mean = (x.sum(-1, keepdim=True) + 1.0) / (S + n)                 # [N, 1]
+        centred = x - mean
+        sq = (centred * centred).sum(-1, keepdim=True) + (1.0 - mean) ** 2 + (n - 1) * mean * mean
+        rstd = torch.rsqrt(sq / (S + n) + norm.eps)
+        shared_id = (-mean * rstd) * gain_id + shift_id                  # [N, n]: every id slot as a 0
+        shared = (centred * rstd * gain_x + shift_x) @ w_x.T + shared_id @ w_id.T + linear.bias   # [N, F]
+        hot = (rstd * gain_id).unsqueeze(-1) * w_id.T                    # [N, n, F]: the 1 of id i
+        return shared.unsqueeze(1) + hot
