@@ -1,0 +1,200 @@
+"""Joint steps/s of ViZDoom co-op: a bare lockstep loop (no marlkit) vs the doom_coop env through
+marlkit's vector env with random actions, for 2 and 4 players, and MAPPO training beside them.
+Bare and marlkit runs alternate within one process, so both see the same machine load.
+
+    python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
+                                         [--train-steps 4096] [--tag NAME]
+
+A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
+wrapper must do: one process per player holding a DoomGame (player 0 hosting, the others joining
+over loopback), actions sent through pipes, screens and game variables sent back, and the 4 tics
+of a step played as 2 + 2 with a barrier between (more than 2 tics per barrier hangs the engines).
+"marlkit" is ``make_env_vector`` on the packaged doom_coop config (1 env, runner.vectorize sync)
+with its resize to 30x40 and stack of 4 frames, and random actions. Writes
+benchmarks/results/doom_throughput[_NAME].json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
+
+
+def _bare_player(conn, player: int, players: int, port: int, work_dir: str, barrier, timeout_tics: int) -> None:
+    import vizdoom as vzd
+    os.chdir(work_dir)
+    fd = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    game = vzd.DoomGame()
+    game.load_config(os.path.join(vzd.scenarios_path, "deathmatch.cfg"))
+    game.set_doom_config_path(os.path.join(work_dir, "_vizdoom.ini"))
+    game.set_mode(vzd.Mode.PLAYER)
+    game.set_window_visible(False)
+    game.set_screen_resolution(vzd.ScreenResolution.RES_160X120)
+    game.set_screen_format(vzd.ScreenFormat.GRAY8)
+    game.set_available_buttons([getattr(vzd.Button, b) for b in BUTTONS])
+    game.set_episode_timeout(timeout_tics)
+    if player == 0:
+        game.add_game_args(f"-host {players} -netmode 0 -port {port} +sv_forcerespawn 1 +sv_spawnfarthest 1 "
+                           "+viz_respawn_delay 0 "
+                           "+viz_connect_timeout 10 +name P0 +colorset 0")
+    else:
+        game.add_game_args(f"-join 127.0.0.1 -port {port} +name P{player} +colorset {player}")
+    game.init()
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        if msg == "reset":
+            game.new_episode()
+        else:
+            for chunk in (0, 1):
+                if chunk:
+                    barrier.wait()
+                if not game.is_episode_finished():
+                    game.make_action(msg, 2)
+        state = game.get_state()
+        conn.send((state.screen_buffer if state is not None else None,
+                   state.game_variables if state is not None else None, game.is_episode_finished()))
+    game.close()
+
+
+def bare_steps_per_s(players: int, steps: int, timeout_tics: int) -> float:
+    from marlkit.envs.doom.match import free_port   # the same free-port pick, nothing else from marlkit
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as work_dir:
+        barrier = ctx.Barrier(players)
+        port = free_port()
+        pipes, procs = [], []
+        for i in range(players):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_bare_player, args=(child, i, players, port, work_dir, barrier, timeout_tics),
+                               daemon=True)
+            proc.start()
+            pipes.append(parent)
+            procs.append(proc)
+        try:
+            for p in pipes:
+                assert p.recv() == "ready"
+            rng = np.random.default_rng(0)
+            for p in pipes:
+                p.send("reset")
+            for p in pipes:
+                p.recv()
+            start = time.perf_counter()
+            for _ in range(steps):
+                for p in pipes:
+                    p.send([float(b) for b in rng.integers(0, 2, len(BUTTONS))])
+                answers = [p.recv() for p in pipes]
+                if answers[0][2]:
+                    for p in pipes:
+                        p.send("reset")
+                    for p in pipes:
+                        p.recv()
+            return steps / (time.perf_counter() - start)
+        finally:
+            for p in pipes:
+                p.send(None)
+            for proc in procs:
+                proc.join(5)
+                if proc.is_alive():
+                    proc.kill()
+
+
+def marlkit_steps_per_s(cfg, players: int, steps: int, num_envs: int = 1, vectorize: str = "sync") -> float:
+    from marlkit.envs.factory import make_env_vector
+    env_cfg = replace(cfg.env, players=players)
+    venv = make_env_vector(env_cfg, replace(cfg.runner, vectorize=vectorize, workers=num_envs), num_envs)
+    try:
+        rng = np.random.default_rng(0)
+        venv.reset(seed=0)
+        n = venv.spec.groups["agents"].action_space.n
+        rounds = max(1, steps // num_envs)
+        start = time.perf_counter()
+        for _ in range(rounds):
+            venv.step({"agents": rng.integers(0, n, (num_envs, players))})
+        return rounds * num_envs / (time.perf_counter() - start)
+    finally:
+        venv.close()
+
+
+def train_steps_per_s(steps: int, overrides: dict) -> float:
+    import marlkit
+    with tempfile.TemporaryDirectory() as root:
+        result = marlkit.run(agent="MAPPO", env="doom_coop", logger="none", **{
+            "runner.total_steps": steps, "runner.progress": False, "runner.run_root": root,
+            "runner.save_interval": 10 ** 9, **overrides})
+    return result.metrics["perf/env_steps_per_s_overall"]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1500, help="joint steps per measurement (2 players)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--players", type=int, nargs="*", default=[2, 4])
+    parser.add_argument("--train-steps", type=int, default=4096, help="0 skips the training measurement")
+    parser.add_argument("--tag", default="")
+    args = parser.parse_args()
+
+    from marlkit.config import resolve
+    cfg = resolve("MAPPO", "doom_coop")
+    timeout = cfg.env.episode_timeout
+    out: dict = {"machine": f"{cpu_model()}, {os.cpu_count()} cores (shared)",
+                 "python": sys.version.split()[0], "config": "marlkit/configs/doom_coop.yaml",
+                 "frame_skip": cfg.env.frame_skip, "resolution": cfg.env.resolution, "players": {}}
+    for players in args.players:
+        steps = args.steps * 2 // players
+        bare, wrapped, ratios = [], [], []
+        for r in range(args.repeats):
+            b = bare_steps_per_s(players, steps, timeout)
+            m = marlkit_steps_per_s(cfg, players, steps)
+            bare.append(b)
+            wrapped.append(m)
+            ratios.append(m / b)
+            print(f"players {players} repeat {r}: bare {b:7.1f}  marlkit {m:7.1f} joint steps/s  ratio {m / b:.2f}",
+                  flush=True)
+        vec = marlkit_steps_per_s(cfg, players, steps * cfg.runner.parallels // 2, cfg.runner.parallels,
+                                  cfg.runner.vectorize)
+        print(f"players {players}: default vector env ({cfg.runner.parallels} envs, {cfg.runner.vectorize}) "
+              f"{vec:.1f} joint steps/s", flush=True)
+        out["players"][players] = {
+            "steps": steps, "bare_joint_steps_per_s": bare, "marlkit_joint_steps_per_s": wrapped,
+            "ratio_per_repeat": ratios, "ratio_median": statistics.median(ratios),
+            f"marlkit_{cfg.runner.parallels}_envs_{cfg.runner.vectorize}_joint_steps_per_s": vec}
+    if args.train_steps:
+        train = train_steps_per_s(args.train_steps, {})
+        rand = marlkit_steps_per_s(cfg, cfg.env.players, args.train_steps // 2, cfg.runner.parallels,
+                                   cfg.runner.vectorize)
+        print(f"MAPPO training (doom_coop defaults): {train:.1f} joint steps/s; random stepping of the same "
+              f"vector env: {rand:.1f} (training {train / rand:.2f}x)", flush=True)
+        out["mappo_training"] = {"steps": args.train_steps, "joint_steps_per_s": train,
+                                 "random_same_vector_env_joint_steps_per_s": rand, "ratio": train / rand}
+    path = Path(__file__).parent / "results" / f"doom_throughput{'_' + args.tag if args.tag else ''}.json"
+    path.write_text(json.dumps(out, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
