@@ -1,8 +1,10 @@
 """Kills, deaths, damage and return per episode of doom_coop policies, over several evaluation seeds:
 a trained checkpoint beside the random policy, on the same envs and seeds.
 
-    python benchmarks/doom_eval.py --load runs/doom_coop/MAPPO/<run>/best.pt [--seeds 1 2 3]
+    python benchmarks/doom_eval.py [--load runs/doom_coop/MAPPO/<run>/latest.pt] [--seeds 1 2 3]
                                    [--episodes 4] [--env doom_coop] [--tag NAME] [--set key=value ...]
+
+Without ``--load`` only the random policy is evaluated.
 
 Return is the mean over players of their episode return (what the runner logs); kills are the
 level's kill count (shared by the team); deaths and damage are summed over the players. Writes
@@ -67,7 +69,7 @@ def summary(rows: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--load", required=True, help="a checkpoint (best.pt or latest.pt)")
+    parser.add_argument("--load", help="a checkpoint (best.pt or latest.pt); none: the random policy only")
     parser.add_argument("--env", default="doom_coop")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--episodes", type=int, default=4, help="episodes per seed")
@@ -77,7 +79,8 @@ def main() -> None:
     overrides = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.set)}
 
     out: dict = {"checkpoint": args.load, "env": args.env, "episodes_per_seed": args.episodes, "policies": {}}
-    for name, agent, load in [("trained", None, args.load), ("random", "random", None)]:
+    policies = [("trained", None, args.load)] if args.load else []
+    for name, agent, load in policies + [("random", "random", None)]:
         per_seed = {}
         for seed in args.seeds:
             rows = evaluate(agent, args.env, load, seed, args.episodes, overrides)
