@@ -99,6 +99,23 @@ class Watched:
         assert gone_within(left, seconds), f"left running: {[p for p in left if alive(p)]}"
 
 
+@pytest.fixture
+def watch():
+    """Starts Watched processes; whatever a failing test leaves running is killed (its engines then
+    go by themselves, as test_training_process_killed shows)."""
+    started: list[Watched] = []
+
+    def start(args: list[str], cwd: Path) -> Watched:
+        started.append(Watched(args, cwd))
+        return started[-1]
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.communicate(timeout=30)
+
+
 def train_args(root: Path, vectorize: str, total: int) -> list[str]:
     return ["-m", "marlkit", "--agent", "MAPPO", "--env", "doom_coop", "--set", *TINY,
             f"runner.vectorize={vectorize}", f"runner.run_root={root}", f"runner.total_steps={total}",
@@ -109,8 +126,8 @@ VECTORIZE = ["sync", "subprocess"]
 
 
 @pytest.mark.parametrize("vectorize", VECTORIZE)
-def test_normal_end(tmp_path, vectorize):
-    w = Watched(train_args(tmp_path / "runs", vectorize, 64), tmp_path)
+def test_normal_end(tmp_path, vectorize, watch):
+    w = watch(train_args(tmp_path / "runs", vectorize, 64), tmp_path)
     rc, stderr = w.finish()
     assert rc == 0, stderr
     w.assert_all_gone(seconds=2)
@@ -118,8 +135,8 @@ def test_normal_end(tmp_path, vectorize):
 
 
 @pytest.mark.parametrize("vectorize", VECTORIZE)
-def test_ctrl_c(tmp_path, vectorize):
-    w = Watched(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
+def test_ctrl_c(tmp_path, vectorize, watch):
+    w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
     w.until(w.training(tmp_path / "runs"))
     time.sleep(1.0)
     w.proc.send_signal(signal.SIGINT)
@@ -145,10 +162,10 @@ marlkit.run(agent="MAPPO", env="doom_coop", **{k: yaml.safe_load(v) for k, v in 
 
 
 @pytest.mark.parametrize("vectorize", VECTORIZE)
-def test_exception_in_training(tmp_path, vectorize):
+def test_exception_in_training(tmp_path, vectorize, watch):
     overrides = [*TINY, f"runner.vectorize={vectorize}", f"runner.run_root={tmp_path / 'runs'}",
                  "runner.total_steps=1000"]
-    w = Watched(["-c", RAISE_IN_UPDATE, *overrides], tmp_path)
+    w = watch(["-c", RAISE_IN_UPDATE, *overrides], tmp_path)
     rc, stderr = w.finish()
     assert rc == 1 and "RuntimeError: a bug in training" in stderr
     w.assert_all_gone(seconds=2)
@@ -163,8 +180,8 @@ def kill_a_player(w: Watched) -> int:
 
 
 @pytest.mark.parametrize("vectorize", VECTORIZE)
-def test_player_worker_killed(tmp_path, vectorize):
-    w = Watched(train_args(tmp_path / "runs", vectorize, 10 ** 8) + ["env.restart_on_failure=false"], tmp_path)
+def test_player_worker_killed(tmp_path, vectorize, watch):
+    w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8) + ["env.restart_on_failure=false"], tmp_path)
     w.until(w.training(tmp_path / "runs"))
     time.sleep(1.0)
     worker = kill_a_player(w)
@@ -175,9 +192,9 @@ def test_player_worker_killed(tmp_path, vectorize):
     w.assert_all_gone(seconds=2)
 
 
-def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path):
+def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path, watch):
     """``env.restart_on_failure`` (on in doom_coop.yaml): the match restarts, the run finishes."""
-    w = Watched(train_args(tmp_path / "runs", "sync", 400) + ["env.restart_on_failure=true"], tmp_path)
+    w = watch(train_args(tmp_path / "runs", "sync", 400) + ["env.restart_on_failure=true"], tmp_path)
     w.until(w.training(tmp_path / "runs"))
     first = set(w.engines)
     worker = kill_a_player(w)
@@ -190,8 +207,8 @@ def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path):
 
 
 @pytest.mark.parametrize("vectorize", VECTORIZE)
-def test_training_process_killed(tmp_path, vectorize):
-    w = Watched(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
+def test_training_process_killed(tmp_path, vectorize, watch):
+    w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
     w.until(w.training(tmp_path / "runs"))
     time.sleep(1.0)
     w.sample()
