@@ -28,7 +28,7 @@ class RewardWeights:
     damage: float = 0.01    # per player: damage dealt, per hit point
     deaths: float = -1.0    # per player: each death
     health: float = 0.0     # per player: health gained (lost when negative), while alive
-    ammo: float = 0.0       # per player: ammo gained (spent when negative), summed over bullets, shells, rockets and cells, while alive
+    ammo: float = 0.0       # per player: bullets + shells + rockets + cells gained (spent: negative), alive
 
 
 def player_stats(v: np.ndarray) -> dict[str, float]:

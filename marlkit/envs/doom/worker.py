@@ -97,7 +97,8 @@ def build_game(s: PlayerSettings):
         # a spot blocked by a monster ends the game with "No player 2 start" (seen on deathmatch.cfg),
         # while the farthest spot is always taken.
         args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", "+sv_forcerespawn 1",
-                "+sv_spawnfarthest 1", "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
+                "+sv_spawnfarthest 1", "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}",
+                *s.host_args]
     else:
         args = [f"-join 127.0.0.1 -port {s.port}", *s.join_args]
     game.add_game_args(" ".join([*args, f"+name P{s.player}", f"+colorset {s.player % 8}"]))
