@@ -4,7 +4,9 @@ return (mean over agents of the episode return, 32 episodes) at chosen step coun
     python benchmarks/learning.py --agents MAPPO IPPO --seeds 1 2 3 --steps 500000 \
         [--report-at 100000 500000] [--set runner.parallels=32 ...]
 
-Runs are sequential (the machine has 2 cores); writes benchmarks/results/learning_<tag>.json.
+Runs are sequential (the machine has 2 cores); writes benchmarks/results/learning_<tag>.json with,
+per run, the evaluations at the chosen steps and the whole evaluation curve
+(``benchmarks/learning_curves.py`` plots them).
 """
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ def main() -> None:
             row = {"seed": seed, "run_dir": str(run.run_dir),
                    "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
                    "at": {str(s): value_at(run.evaluations, s, group) for s in report_at},
-                   "best": max(r["mean"][group] for r in run.evaluations)}
+                   "best": max(r["mean"][group] for r in run.evaluations),
+                   "curve": [[r["step"], r["mean"][group]] for r in run.evaluations]}
             results[agent].append(row)
             print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
                   + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)

@@ -1,0 +1,78 @@
+"""All algorithms' learning on mpe_spread in one figure, from ``benchmarks/learning.py`` results.
+
+    python benchmarks/learning_curves.py benchmarks/results/learning_*.json \
+        [--out docs/img/mpe_spread_learning_curves.png]
+
+A run's whole evaluation curve comes from its result row (``curve``) or, for rows written before
+rows kept it, from the ``benchmark.json`` of its run directory; where neither is left, only the
+reported points (``at``) are drawn, as markers. Per agent and step: the mean over seeds, with the
+range of the seeds shaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+RANDOM_RETURN = -26.6  # uniform random actions, mean over agents (docs/benchmarks.md)
+
+
+def run_curve(row: dict) -> tuple[list[tuple[int, float]], bool]:
+    """``(points, whole)``: the run's evaluations as (step, return), and whether it is the whole curve."""
+    if "curve" in row:
+        return [(int(s), float(v)) for s, v in row["curve"]], True
+    report = Path(row["run_dir"]) / "benchmark.json"
+    if report.exists():
+        evals = json.loads(report.read_text())["evaluations"]
+        return [(int(r["step"]), float(next(iter(r["mean"].values())))) for r in evals], True
+    return sorted((int(s), float(v)) for s, v in row["at"].items() if v is not None), False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("docs/img/mpe_spread_learning_curves.png"))
+    args = parser.parse_args()
+
+    # agent -> seed -> {step: return}; a seed measured in several files keeps every step it has.
+    by_agent: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    whole: dict[str, bool] = defaultdict(bool)
+    for path in args.results:
+        for agent, rows in json.loads(path.read_text())["runs"].items():
+            for row in rows:
+                points, is_whole = run_curve(row)
+                by_agent[agent][row["seed"]].update(points)
+                whole[agent] |= is_whole
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for agent, seeds in sorted(by_agent.items()):
+        steps = sorted({s for curve in seeds.values() for s in curve})
+        at_step = [[curve[s] for curve in seeds.values() if s in curve] for s in steps]
+        mean = [np.mean(vals) for vals in at_step]
+        low = [min(vals) for vals in at_step]
+        high = [max(vals) for vals in at_step]
+        label = f"{agent} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+        label += ")" if whole[agent] else ", reported points only)"
+        line, = ax.plot(steps, mean, "-" if whole[agent] else "o--", label=label)
+        ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
+    ax.axhline(RANDOM_RETURN, color="gray", ls=":", label=f"random policy ({RANDOM_RETURN})")
+    ax.set_xscale("symlog", linthresh=1e5)
+    ax.set_xlabel("env steps (linear to 100k, log above)")
+    ax.set_ylabel("eval return (mean over agents)")
+    ax.set_title("mpe_spread: evaluation return, mean over seeds (range shaded), 2-core CPU")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(args.out, dpi=100)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
