@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from multiprocessing.connection import wait
 
+from marlkit.envs import ports
 from marlkit.envs.doom import worker
 from marlkit.envs.doom.worker import PlayerSettings
 
@@ -29,11 +30,9 @@ class DoomPlayerError(RuntimeError):
 
 
 def free_port() -> int:
-    """A UDP port nobody holds right now (another process may take it before the host binds it,
-    which :meth:`DoomMatch.start` detects and retries)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
+    """A UDP port for the host (all interfaces), outside the range the joiners' sockets draw from;
+    should another process take it before the host binds it, :meth:`DoomMatch.start` retries."""
+    return ports.free_port(socket.SOCK_DGRAM, "0.0.0.0")
 
 
 def _group_alive(pgid: int) -> bool:

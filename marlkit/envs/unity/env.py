@@ -37,6 +37,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
+from marlkit.envs import ports
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation
 from marlkit.registry import register_env
 
@@ -96,9 +97,8 @@ def engine_config(cfg: UnityConfig) -> dict:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+    """A TCP port for the gRPC server on localhost (see ``marlkit.envs.ports``)."""
+    return ports.free_port(socket.SOCK_STREAM, "localhost")
 
 
 def group_names(behaviours: list[str]) -> dict[str, str]:
