@@ -69,12 +69,12 @@ def list_everything() -> str:
     for name, cls in REGISTRY.items():  # the ones registered by --import
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
         agents.setdefault(name, doc[0] if doc else "")
+    envs = available_envs()
+    width = max(map(len, [*agents, *envs]))
     lines = ["agents:"]
-    for name, doc in sorted(agents.items()):
-        lines.append(f"  {name:<10} {doc}")
+    lines += [f"  {name:<{width}} {doc}" for name, doc in sorted(agents.items())]
     lines.append("envs:")
-    for name, desc in available_envs().items():
-        lines.append(f"  {name:<10} {desc}")
+    lines += [f"  {name:<{width}} {desc}" for name, desc in envs.items()]
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ class OnPolicyConfig:
 
     lr: float = field(default=7e-4, metadata=_range(0.0))
     critic_lr: Optional[float] = field(default=None, metadata=_range(0.0))
+    lr_schedule: Literal["constant", "linear"] = "constant"   # linear: to 0 at runner.total_steps
     gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
     gae_lambda: float = field(default=0.95, metadata=_range(0.0, 1.0))
     clip: float = field(default=0.2, metadata=_range(0.0))
@@ -285,6 +286,22 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def load_env_yaml(path: str | Path, _seen: tuple = ()) -> dict:
+    """An env YAML merged over the YAML its ``base:`` key names, if any: a packaged env's name or a
+    path relative to this file (bases may have bases of their own)."""
+    path = Path(path)
+    data = load_yaml(path)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base: expected an env name (doom_coop) or a YAML path, got {base!r}")
+    base_path = path.parent / base if base.endswith((".yaml", ".yml")) else env_yaml_path(base)
+    if base_path.resolve() in _seen + (path.resolve(),):
+        raise ConfigError(f"{path}: base: {base!r} leads back to {path.name}; bases must not form a cycle")
+    return deep_merge(load_env_yaml(base_path, _seen + (path.resolve(),)), data)
+
+
 def available_envs() -> dict[str, str]:
     """Env name -> one-line description, for every YAML in ``marlkit/configs``."""
     return {p.stem: str(load_yaml(p).get("description", "")).strip() for p in sorted(CONFIG_DIR.glob("*.yaml"))}
@@ -356,7 +373,7 @@ def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[st
     get_agent(agent)
     env_path = env_yaml_path(env)
     top = {"agent": agent, "env_name": env_path.stem}
-    layers = [(str(env_path), load_yaml(env_path))]
+    layers = [(str(env_path), load_env_yaml(env_path))]
     layers += [(str(config_file_path(p)), load_yaml(config_file_path(p))) for p in config_files or []]
     layers.append(("", deep_merge(overrides or {}, {k: v for k, v in top_level.items() if v is not None})))
     merged: dict = {}

@@ -116,3 +116,24 @@ def test_learns_on_mpe_spread(tiny, agent):
     run = marlkit.run(agent=agent, env="mpe_spread", seed=1, **{**common, "runner.total_steps": 40_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > baseline + 2.0, (late, baseline)
+
+
+@pytest.mark.parametrize("name", ["MAPPO", "COMA"])
+def test_linear_lr_schedule_falls_from_each_groups_lr_to_zero_at_total_steps(name, tmp_path):
+    from marlkit.agents.base import Progress
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    agent = _agent(name, env, **{f"agents.{name}.lr_schedule": "linear", f"agents.{name}.critic_lr": 1e-3})
+    assert agent.base_lrs == [agent.cfg.lr, 1e-3]
+    per_update = 25 * 2
+    assert agent.lr_scale(Progress(per_update, 4 * per_update)) == 1.0            # the first update: full lr
+    assert agent.lr_scale(Progress(3 * per_update, 4 * per_update)) == pytest.approx(0.5)
+    assert agent.lr_scale(Progress(4 * per_update, 4 * per_update)) == pytest.approx(0.25)
+    constant = _agent(name, env)
+    assert constant.lr_scale(Progress(4 * per_update, 4 * per_update)) == 1.0
+    # in a run of 4 rollouts of 50 env steps the updates take 1, 0.75, 0.5 and 0.25 of the lr
+    result = marlkit.run(agent=name, env="mpe_spread", seed=1, logger="none", **{
+        f"agents.{name}.lr_schedule": "linear", "runner.parallels": 2, "runner.total_steps": 200,
+        "runner.run_root": str(tmp_path), "runner.progress": False})
+    assert result.metrics["agents/lr_scale"] == pytest.approx(0.25)
+    saved = torch.load(result.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["optimizer"]
+    assert [g["lr"] for g in saved["param_groups"]] == pytest.approx([0.25 * lr for lr in constant.base_lrs])

@@ -117,3 +117,26 @@ def test_packaged_profile_via_config():
     with pytest.raises(ConfigError, match="--config 'fats': no such file, and no packaged profile of that name "
                                           "\\(did you mean 'fast'\\?\\)"):
         build_config("MAPPO", "mpe_spread", config="fats")
+
+
+def test_an_env_yaml_builds_on_the_env_its_base_names(tmp_path):
+    cfg = build_config("MAPPO", "doom_defend")
+    assert cfg.env.scenario == "defend_the_center.cfg" and cfg.env.buttons == ["ATTACK", "TURN_LEFT", "TURN_RIGHT"]
+    assert cfg.env.reward.damage == pytest.approx(0.1) and cfg.env.reward.deaths == pytest.approx(-1.0)
+    assert cfg.env.frame_stack == 4 and cfg.runner.parallels == 4    # from doom_coop.yaml, its base
+    assert cfg.agents["MAPPO"].actor.name == "cnn"
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"base": "mpe_spread", "env": {"kwargs": {"N": 4}}}))
+    cfg = build_config("MAPPO", str(mine))
+    assert cfg.env.kwargs == {"N": 4, "max_cycles": 25, "local_ratio": 0.5, "continuous_actions": False}
+    assert cfg.env_name == "mine"
+
+
+def test_a_bad_or_circular_base_names_the_file(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump({"base": "b.yaml"}))
+    (tmp_path / "b.yaml").write_text(yaml.safe_dump({"base": "a.yaml"}))
+    with pytest.raises(ConfigError, match=r"b.yaml: base: 'a.yaml' leads back"):
+        build_config("MAPPO", str(tmp_path / "a.yaml"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": "mpe_spred"}))
+    with pytest.raises(ConfigError, match="unknown env 'mpe_spred'.*mpe_spread"):
+        build_config("MAPPO", str(tmp_path / "c.yaml"))

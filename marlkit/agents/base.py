@@ -157,6 +157,7 @@ class OnPolicyAgent(Agent):
             self.modules["value_norm"] = self.value_norm
         self.modules.to(self.device)
         self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5, fused=True)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
         self.chunk_length = (cfg.chunk_length or horizon) if self.recurrent else 1
@@ -287,13 +288,27 @@ class OnPolicyAgent(Agent):
         if not self.buffer.full:
             raise RuntimeError(f"update() called after {self.buffer.step} of {self.buffer.horizon} steps")
         data = self.training_data(bootstrap)
+        lr_scale = self.lr_scale(progress)
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * lr_scale
         metrics = self.optimise(data)
+        if self.cfg.lr_schedule != "constant":
+            metrics["lr_scale"] = lr_scale
         present = self.buffer.agent_mask
         if present.any():
             metrics["value_mean"] = float(self.buffer.value[present].mean())
         self.after_update(progress)
         self.buffer.reset()
         return metrics
+
+    def lr_scale(self, progress: Progress | None) -> float:
+        """The factor on every learning rate for this update (``lr_schedule``): 1 when constant;
+        ``linear`` falls from 1 at the first update towards 0 at ``total_steps``, as in CleanRL's
+        PPO. It depends on the progress alone, so a resumed run continues the same schedule."""
+        if self.cfg.lr_schedule == "constant" or progress is None:
+            return 1.0
+        before = progress.steps - self.horizon * self.num_envs   # steps collected before this rollout
+        return max(1.0 - before / max(progress.total_steps, 1), 0.0)
 
     def training_data(self, bootstrap: Bootstrap) -> dict[str, np.ndarray]:
         """Everything ``loss`` sees, as ``[T, E, ...]`` arrays: the stored rollout, ``targets``'
