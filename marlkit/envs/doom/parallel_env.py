@@ -16,6 +16,7 @@ from pettingzoo import ParallelEnv
 
 from marlkit.config import build
 from marlkit.envs.doom.config import DoomConfig
+from marlkit.envs.doom.coop_starts import scenario_with_starts
 from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
 from marlkit.envs.doom.rewards import STATE_FEATURES, player_stats, reward_parts, state_features
 from marlkit.envs.doom.worker import PlayerSettings
@@ -51,7 +52,10 @@ class DoomCoopEnv(ParallelEnv):
             self.state_space = spaces.Box(0, 255, (cfg.players * self._channels, h, w), np.uint8)
         else:
             self.state_space = spaces.Box(-np.inf, np.inf, (cfg.players * STATE_FEATURES + 1,), np.float32)
-        settings = PlayerSettings(player=0, players=cfg.players, port=0, config=cfg.scenario_path(), work_dir="",
+        scenario = cfg.scenario_path()
+        wad = scenario_with_starts(scenario, cfg.doom_map, cfg.players, cfg.start_spacing) \
+            if cfg.add_starts and cfg.players > 1 else None
+        settings = PlayerSettings(player=0, players=cfg.players, port=0, config=scenario, wad=wad, work_dir="",
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
                                   host_args=list(cfg.host_args))

@@ -44,6 +44,7 @@ class PlayerSettings:
     port: int
     config: str                       # absolute path of the scenario .cfg
     work_dir: str                     # ViZDoom writes _vizdoom.ini, _vizdoom/ and crash logs here
+    wad: str | None = None            # a WAD replacing the cfg's (the map with a start per player)
     resolution: str = "RES_160X120"
     grayscale: bool = True
     buttons: list[str] = field(default_factory=list)
@@ -75,6 +76,8 @@ def build_game(s: PlayerSettings):
     import vizdoom as vzd
     game = vzd.DoomGame()
     game.load_config(s.config)
+    if s.wad:
+        game.set_doom_scenario_path(s.wad)
     if s.doom_map:
         game.set_doom_map(s.doom_map)
     if s.skill is not None:

@@ -1,0 +1,65 @@
+"""Co-op starts for single-player maps: the WAD edit itself, and real games where each player
+spawns on a spot of its own."""
+import os
+
+import numpy as np
+import pytest
+import vizdoom
+
+from marlkit.config import ConfigError
+from marlkit.envs.doom import DoomCoopEnv
+from marlkit.envs.doom.coop_starts import (added_starts, map_things, read_wad, scenario_wad, scenario_with_starts,
+                                           with_starts, write_wad)
+from marlkit.envs.doom.worker import VARIABLES
+
+X, Y = VARIABLES.index("POSITION_X"), VARIABLES.index("POSITION_Y")
+DEFEND = os.path.join(vizdoom.scenarios_path, "defend_the_center.cfg")
+ONE_START = 'namespace = "zdoom";\nthing // 0\n{\nx = 100.0;\ny = -50.0;\nangle = 90;\ntype = 1;\n}\n'
+
+
+def test_missing_starts_are_added_beside_player_one_across_its_facing():
+    extra = map_things(added_starts(ONE_START, players=4, spacing=64))
+    # player 1 faces north (angle 90), so the row runs west-east through (100, -50)
+    assert [int(t["type"]) for t in extra] == [2, 3, 4]
+    assert [(float(t["x"]), float(t["y"])) for t in extra] == [(36.0, -50.0), (164.0, -50.0), (-28.0, -50.0)]
+    assert {t["angle"] for t in extra} == {"90"} and all(t["coop"] == "true" for t in extra)
+
+
+def test_maps_with_several_start_spots_are_left_alone():
+    two_starts = ONE_START + ONE_START.split("\n", 1)[1].replace("type = 1", "type = 2")
+    deathmatch = ONE_START + ONE_START.split("\n", 1)[1].replace("type = 1", "type = 11")
+    assert added_starts(two_starts, 2, 64) == "" and added_starts(deathmatch, 2, 64) == ""
+    # deathmatch.cfg: three player 1 starts, over which ZDoom already spreads the players
+    assert scenario_with_starts(os.path.join(vizdoom.scenarios_path, "deathmatch.cfg"), None, 4, 64) is None
+
+
+def test_the_edited_wad_keeps_every_other_lump_byte_for_byte():
+    original = read_wad(scenario_wad(DEFEND).read_bytes())
+    edited = read_wad(with_starts(write_wad(original), "map01", 3, 64))
+    assert [n for n, _ in edited] == [n for n, _ in original]
+    for (name, before), (_, after) in zip(original, edited):
+        if name == "TEXTMAP":
+            assert after.startswith(before) and len(map_things(after.decode())) == len(map_things(before.decode())) + 2
+        else:
+            assert after == before
+    with pytest.raises(ConfigError, match="no map 'map07'.*MAP01"):
+        with_starts(write_wad(original), "map07", 2, 64)
+
+
+def first_positions(**options) -> np.ndarray:
+    env = DoomCoopEnv(scenario="defend_the_center.cfg", players=3, episode_timeout=20,
+                      buttons=["ATTACK", "TURN_LEFT", "TURN_RIGHT"], **options)
+    try:
+        env.reset(seed=1)
+        return env._vars[:, [X, Y]].copy()
+    finally:
+        env.close()
+
+
+def test_players_of_a_single_player_map_spawn_apart_in_a_real_game():
+    # Player 1's start stays the host's; the joiners take the added starts in the order they join
+    apart = first_positions()
+    assert apart[0].tolist() == [0.0, 0.0]
+    assert sorted(apart[1:].tolist()) == [[0.0, -64.0], [0.0, 64.0]]
+    stacked = first_positions(add_starts=False)
+    assert np.allclose(stacked, stacked[0])
