@@ -253,7 +253,9 @@ def test_engine_files_never_land_in_the_current_directory(tmp_path, monkeypatch)
     work_dir = Path(env.match.work_dir)
     env.reset(seed=0)
     env.step({a: 0 for a in env.agents})
-    assert (work_dir / "_vizdoom").is_dir()   # the engines wrote their files, but here
+    # the engines wrote their files, but here, each in a directory of its own (two engines creating
+    # one _vizdoom/ side by side race, and the loser crashes)
+    assert [(work_dir / f"player_{i}" / "_vizdoom").is_dir() for i in range(2)] == [True, True]
     env.close()
     assert list(tmp_path.iterdir()) == []
     assert not work_dir.exists()

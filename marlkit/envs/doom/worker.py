@@ -61,6 +61,12 @@ def log_path(work_dir: str, player: int) -> str:
     return os.path.join(work_dir, f"player_{player}.log")
 
 
+def player_dir(work_dir: str, player: int) -> str:
+    """A directory per player: engines starting side by side in one directory race to create
+    ``_vizdoom/`` there, and the loser crashes ("Failed to create ./_vizdoom/ directory: File exists")."""
+    return os.path.join(work_dir, f"player_{player}")
+
+
 def _kill_group(*_):
     os.killpg(0, signal.SIGKILL)
 
@@ -82,7 +88,7 @@ def build_game(s: PlayerSettings):
         game.set_doom_map(s.doom_map)
     if s.skill is not None:
         game.set_doom_skill(s.skill)
-    game.set_doom_config_path(os.path.join(s.work_dir, "_vizdoom.ini"))
+    game.set_doom_config_path(os.path.join(player_dir(s.work_dir, s.player), "_vizdoom.ini"))
     game.set_mode(vzd.Mode.PLAYER)   # some scenario files (cig, multi) set ASYNC_PLAYER
     game.set_window_visible(False)
     game.set_sound_enabled(False)
@@ -148,7 +154,9 @@ def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent owns Ctrl+C and stops us in order
     signal.signal(signal.SIGTERM, _kill_group)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    os.chdir(settings.work_dir)    # crash logs land in the current directory whatever the config says
+    own_dir = player_dir(settings.work_dir, settings.player)
+    os.makedirs(own_dir, exist_ok=True)
+    os.chdir(own_dir)    # crash logs land in the current directory whatever the config says
     # The engine (our child) inherits these: its chatter goes to a log the parent quotes on failure.
     log = os.open(log_path(settings.work_dir, settings.player), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
