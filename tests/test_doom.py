@@ -228,6 +228,24 @@ def test_a_fixed_base_port_gives_env_i_port_plus_i():
         env.close()
 
 
+def test_with_a_fixed_base_port_evaluation_envs_take_the_ports_after_the_training_envs(tmp_path, monkeypatch):
+    """Training and evaluation envs are open at once; with ``env.port`` fixed, evaluation env i is
+    numbered after the training envs (port base + parallels + i) instead of colliding with them."""
+    import marlkit
+    started = []
+    real_start = match_module.DoomMatch._start_once
+    monkeypatch.setattr(match_module.DoomMatch, "_start_once", lambda self, port: (started.append(port),
+                                                                                     real_start(self, port))[1])
+    base = match_module.free_port()
+    result = marlkit.run(agent="MAPPO", env="doom_coop", mode="benchmark", seed=1, logger="none", **{
+        **{f"env.{k}": v for k, v in SHORT.items()}, "env.port": base, "env.resize": [30, 40],
+        "env.frame_stack": 1, "runner.parallels": 2, "runner.vectorize": "sync", "runner.horizon": 8,
+        "runner.total_steps": 16, "runner.eval_interval": 16, "runner.eval_episodes": 1,
+        "runner.eval_parallels": 1, "runner.progress": False, "runner.run_root": str(tmp_path)})
+    assert started == [base, base + 1, base + 2]          # two training envs, then the evaluation env
+    assert [e["step"] for e in result.evaluations] == [0, 16]
+
+
 def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
     """The host engine crashes when its port is taken; the match starts again on another port."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:

@@ -37,7 +37,9 @@ class _EnvBuilder:
 
 
 def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,
-                    render: bool = False) -> VectorEnv:
+                    render: bool = False, first_index: int = 0) -> VectorEnv:
+    """``first_index``: the index of the first env, so that two vector envs open at once (training
+    and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
     return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
                            runner.workers, runner.worker_timeout, runner.start_method,
-                           runner.worker_start_timeout)
+                           runner.worker_start_timeout, first_index)

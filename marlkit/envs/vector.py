@@ -588,10 +588,11 @@ class SubprocVectorEnv(VectorEnv):
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
                     num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn",
-                    start_timeout: float = 120.0) -> VectorEnv:
-    """``env_fn(i)`` builds env ``i``; it must be picklable for ``vectorize='subprocess'``."""
+                    start_timeout: float = 120.0, first_index: int = 0) -> VectorEnv:
+    """``env_fn(first_index + i)`` builds env ``i``; it must be picklable for
+    ``vectorize='subprocess'``."""
     import functools
-    fns = [functools.partial(env_fn, i) for i in range(num_envs)]
+    fns = [functools.partial(env_fn, first_index + i) for i in range(num_envs)]
     if vectorize == "sync":
         return SyncVectorEnv(fns)
     if vectorize == "subprocess":

@@ -185,11 +185,12 @@ class Runner:
         group_cfg = self.cfg.groups.get(g)
         return self.agents[g].learns and (group_cfg is None or group_cfg.train)
 
-    def _make_venv(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None):
+    def _make_venv(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None,
+                   first_index: int = 0):
         runner = self.cfg.runner
         if vectorize is not None:
             runner = replace(runner, vectorize=vectorize)
-        return make_env_vector(self.cfg.env, runner, num_envs, render)
+        return make_env_vector(self.cfg.env, runner, num_envs, render, first_index)
 
     # ------------------------------------------------------------------ acting
 
@@ -256,8 +257,9 @@ class Runner:
             try:
                 self.venv = self._make_venv()
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
-                eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync") \
-                    if evaluate else None
+                # numbered after the training envs: both are open at once (fixed ports, worker ids)
+                eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
+                                            first_index=rc.parallels) if evaluate else None
                 try:
                     state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
                     self._open_run_dir()
