@@ -36,7 +36,9 @@ def action_layout(space: spaces.Space) -> tuple[tuple[int, ...], Any]:
 
 def is_channels_last(shape: tuple[int, ...]) -> bool:
     """Whether a 3-D image shape is ``[H, W, C]`` rather than ``[C, H, W]``: the channel axis is the
-    short one (``(13, 13, 5)``, ``(120, 160, 3)`` -> True; ``(4, 84, 84)`` -> False)."""
+    short one (``(13, 13, 5)``, ``(120, 160, 3)`` -> True; ``(4, 84, 84)`` -> False). A guess, for
+    images whose layout nobody declared (``GroupSpec.channels_last``, ``EnvSpec.state_channels_last``):
+    a stack of many agents' views, ``(5 * 4, 13, 11)``, would be misread."""
     return len(shape) == 3 and shape[2] < shape[0] and shape[2] < shape[1]
 
 
@@ -46,6 +48,7 @@ class GroupSpec:
     agents: list[str]
     observation_space: spaces.Space
     action_space: spaces.Space
+    channels_last: bool | None = None   # layout of image observations; None: guessed from the shape
 
     @property
     def n_agents(self) -> int:
@@ -81,6 +84,7 @@ class EnvSpec:
     state_shape: tuple[int, ...]
     render_fps: int = 10
     state_dtype: Any = np.float32   # uint8 for image states: stored and shipped as such, scaled by the model
+    state_channels_last: bool | None = None   # layout of an image state; None: guessed from the shape
 
     def signature(self) -> dict:
         return {g: spec.signature() for g, spec in self.groups.items()}

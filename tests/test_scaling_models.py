@@ -8,6 +8,7 @@ import pytest
 import torch
 import yaml
 from gymnasium import spaces
+from pettingzoo import ParallelEnv
 
 import marlkit
 from marlkit.agents.base import Bootstrap
@@ -42,11 +43,12 @@ def _group(obs_shape, n_agents=3, dtype=np.float32, n_actions=4):
                      spaces.Box(low, high, obs_shape, dtype), spaces.Discrete(n_actions))
 
 
-def _agent(name, group, state_shape, state_dtype=np.float32, **cfg):
+def _agent(name, group, state_shape, state_dtype=np.float32, state_channels_last=None, **cfg):
     agent_cfg = build_config(name, "mpe_spread").agents[name]
     for key, value in cfg.items():
         setattr(agent_cfg, key, value)
-    return get_agent(name)(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0, state_dtype=state_dtype)
+    return get_agent(name)(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0, state_dtype=state_dtype,
+                           state_channels_last=state_channels_last)
 
 
 def _fill_and_update(agent, obs_shape, state_shape, state_dtype=np.float32, obs_dtype=np.float32):
@@ -159,6 +161,41 @@ def test_default_state_of_images_is_a_uint8_channel_stack():
     np.testing.assert_array_equal(ob.state, views.transpose(0, 3, 1, 2).reshape(30, 13, 13))
     # 4 bytes per slot pixel as float32 concatenation; the stack holds 1
     assert ob.state.nbytes == views.nbytes == views.size
+
+
+class NarrowViews(ParallelEnv):
+    """Four agents with (13, 11, 5) views: stacked channels-first, (20, 13, 11), whose shortest
+    side is not the channel axis."""
+    metadata = {"name": "narrow_views"}
+
+    def __init__(self):
+        self.possible_agents = [f"agent_{i}" for i in range(4)]
+        self.agents = []
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, (13, 11, 5), np.uint8)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return {a: np.full((13, 11, 5), i, np.uint8) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
+
+
+def test_the_stacked_state_is_read_channels_first_whatever_its_shape():
+    env = PettingZooEnv(NarrowViews())
+    assert env.spec.state_shape == (20, 13, 11) and env.spec.state_channels_last is False
+    ob = env.reset(seed=0)
+    np.testing.assert_array_equal(ob.state[5 * 2:5 * 3], 2)          # agent 2's five planes
+    group = env.spec.groups["agents"]
+    agent = _agent("MAPPO", group, env.spec.state_shape, np.uint8, env.spec.state_channels_last,
+                   actor=ModelConfig(name="cnn", hidden_sizes=[16]), critic=ModelConfig(name="cnn", hidden_sizes=[16]))
+    assert agent.modules["critic"].conv[0].in_channels == 20          # a guess from the shape would say 11
+    assert agent.modules["actor"].conv[0].in_channels == 5
+    pinned = _agent("MAPPO", group, env.spec.state_shape, np.uint8, env.spec.state_channels_last,
+                    critic=ModelConfig(name="cnn", hidden_sizes=[16], kwargs={"channels_last": True}))
+    assert pinned.modules["critic"].conv[0].in_channels == 11         # the user's kwargs win
 
 
 def test_default_state_falls_back_to_concatenation():

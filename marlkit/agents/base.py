@@ -70,9 +70,10 @@ class Agent:
     learns = True
 
     def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
-                 seed: int = 0, device: str = "cpu", state_dtype=np.float32):
+                 seed: int = 0, device: str = "cpu", state_dtype=np.float32, state_channels_last: bool | None = None):
         self.group, self.state_shape, self.cfg = group, tuple(state_shape), cfg
         self.state_dtype = np.dtype(state_dtype)
+        self.state_channels_last = state_channels_last   # EnvSpec.state_channels_last
         self.num_envs, self.horizon, self.device = num_envs, horizon, torch.device(device)
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
@@ -147,8 +148,8 @@ class OnPolicyAgent(Agent):
     value_chunk_bytes = 16 * 2**20  # input bytes per critic pass when valuing a rollout
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu",
-                 state_dtype=np.float32):
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype)
+                 state_dtype=np.float32, state_channels_last=None):
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last)
         self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         torch.manual_seed(int(seed))  # weight initialisation draws from the global generator
         self.modules = nn.ModuleDict(self.build())

@@ -1,6 +1,8 @@
 """MAPPO: PPO with parameters shared across a group and a centralised critic on the global state."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -39,6 +41,9 @@ class MAPPO(OnPolicyAgent):
         model = getattr(self.cfg, role)
         if per_agent and self._id_at_input(shape):
             shape = (shape[0] + self.n_agents,)
+        layout = self.group.channels_last if per_agent else self.state_channels_last
+        if layout is not None and "channels_last" not in model.kwargs:   # the env said; the user may still
+            model = replace(model, kwargs={**model.kwargs, "channels_last": layout})
         try:
             return get_model(model.name)(tuple(shape), model)
         except ConfigError as exc:

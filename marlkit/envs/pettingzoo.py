@@ -166,7 +166,8 @@ class PettingZooEnv(MultiAgentEnv):
             slots = [self._obs_space[a] for gs in self.groups.values() for a in gs.agents]
             state_shape, state_dtype, self._stacked_state = default_state(slots, state)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
-        self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype)
+        self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype,
+                            state_channels_last=False if self._stacked_state else None)
         self._t = 0
         self._checked_first_episode = False
 

@@ -13,7 +13,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
-from marlkit.envs.core import EnvSpec, GroupSpec, MultiAgentEnv, Observation
+from marlkit.envs.core import EnvSpec, MultiAgentEnv, Observation
 
 
 class EnvWrapper(MultiAgentEnv):
@@ -52,9 +52,8 @@ def _image_box(space: spaces.Space, key: str) -> spaces.Box:
 
 
 def _with_obs_spaces(spec: EnvSpec, make) -> EnvSpec:
-    groups = {g: GroupSpec(gs.name, gs.agents, make(gs.observation_space), gs.action_space)
-              for g, gs in spec.groups.items()}
-    return EnvSpec(groups, spec.state_shape, spec.render_fps, spec.state_dtype)
+    return replace(spec, groups={g: replace(gs, observation_space=make(gs.observation_space))
+                                 for g, gs in spec.groups.items()})
 
 
 def resize_images(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -160,7 +159,7 @@ class FlattenMultiDiscrete(EnvWrapper):
                 self.columns[g] = self.table[g] + np.concatenate([[0], np.cumsum(nvec)[:-1]])        # into the mask
                 gs = replace(gs, action_space=spaces.Discrete(len(self.table[g])))
             groups[g] = gs
-        self.spec = EnvSpec(groups, env.spec.state_shape, env.spec.render_fps, env.spec.state_dtype)
+        self.spec = replace(env.spec, groups=groups)
 
     def _masks(self, masks: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {g: m[..., self.columns[g]].all(-1) if g in self.columns else m for g, m in masks.items()}

@@ -23,3 +23,7 @@ class DoomEnv(PettingZooEnv):
     def __init__(self, env: DoomCoopEnv, **kwargs):
         super().__init__(env, state="auto", **kwargs)
         self.spec.state_dtype = np.dtype(env.state_space.dtype)
+        # screens are [C, H, W], and so is the "screens" state: said, not left to a guess from the shape
+        self.spec.state_channels_last = False if len(self.spec.state_shape) == 3 else None
+        for gs in self.spec.groups.values():
+            gs.channels_last = False
