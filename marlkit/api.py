@@ -77,6 +77,8 @@ def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: di
     import_modules(imports)
     before = from_dict(data)
     merged = deep_merge(data, nested)
+    # a plain --resume continues the run as it was started: a benchmark goes on evaluating
+    mode = data.get("mode", mode) if mode == "train" else mode
     merged.update(mode=mode, resume=str(run_dir), imports=imports)
     after = from_dict(merged)
     for frozen in FROZEN_ON_RESUME:

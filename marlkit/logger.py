@@ -5,6 +5,8 @@ import math
 import os
 from pathlib import Path
 
+from marlkit.errors import ConfigError
+
 
 class Logger:
     def __init__(self, kind: str, run_dir: Path, config: dict, project: str = "marlkit"):
@@ -39,7 +41,8 @@ def _start_wandb(run_dir: Path, config: dict, project: str):
     try:
         import wandb
     except ImportError:
-        raise ImportError("--logger wandb needs Weights & Biases: pip install 'marlkit[wandb]'") from None
+        raise ConfigError("--logger wandb needs Weights & Biases: pip install 'marlkit[wandb]' "
+                          "(or choose --logger tensorboard)") from None
     has_key = bool(os.environ.get("WANDB_API_KEY")) or Path.home().joinpath(".netrc").is_file()
     # Without credentials wandb would prompt for a key and wait forever; offline runs can be synced later.
     mode = os.environ.get("WANDB_MODE") or ("online" if has_key else "offline")

@@ -103,3 +103,16 @@ def test_load_starts_training_from_a_checkpoint(tiny):
     for name, tensor in weights.items():
         if "value_norm" not in name:
             torch.testing.assert_close(after[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
+    """``--resume RUN`` without ``--benchmark`` continues a benchmark as a benchmark: evaluations,
+    best.pt and the report carry on, as they would have without the interruption."""
+    settings = {**tiny, "runner.total_steps": 40, "runner.save_interval": 40, "runner.eval_interval": 20}
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2, **settings)
+    assert [e["step"] for e in half.evaluations] == [0, 20, 40]
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 80})
+    assert resumed.mode == "benchmark"
+    assert [e["step"] for e in resumed.evaluations] == [0, 20, 40, 60, 80]
+    report = __import__("json").loads((half.run_dir / "benchmark.json").read_text())
+    assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]

@@ -188,6 +188,28 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, en
     assert not root.exists() or not any(root.rglob("*"))
 
 
+def test_a_run_whose_env_breaks_at_its_first_step_leaves_no_directory(tmp_path, env_yaml):
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 1})
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY)
+    assert out.returncode == 1 and "EnvAPIError" in out.stderr and "agent_1" in out.stderr
+    assert not root.exists() or not any(root.rglob("*"))
+
+
+def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tmp_path):
+    """wandb is installed here; a stand-in package that fails to import, first on the path, plays a
+    machine without it."""
+    fake = tmp_path / "no_wandb" / "wandb"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named wandb')\n")
+    root = tmp_path / "runs"
+    out = cli("--logger", "wandb", "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY,
+              PYTHONPATH=os.pathsep.join([str(fake.parent), cli_env()["PYTHONPATH"]]))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "pip install 'marlkit[wandb]'" in out.stderr
+    assert not root.exists() or not any(root.rglob("*"))
+
+
 # -- an interrupt saves a consistent checkpoint ----------------------------------------------------------
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
@@ -214,6 +236,25 @@ def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig)
     out = cli("--resume", str(run), "--set", f"runner.total_steps={steps + 50}")
     assert out.returncode == 0, out.stderr
     assert read_steps(latest) == steps + 50
+
+
+def test_ctrl_c_during_test_episodes_says_so_and_leaves_no_test_directory(tmp_path):
+    root = tmp_path / "runs"
+    out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "runner.save_interval=50", *TINY)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(root)
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--test", "--load", str(run / "latest.pt"),
+                             "--set", "runner.test_episodes=100000000", *TINY],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+    deadline = time.monotonic() + 120
+    while not list(root.rglob("*_test/config.yaml")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)   # some episodes in
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted during the 100000000 test episodes" in stderr and "Traceback" not in stderr
+    assert run_dirs(root) == [run]      # the test's own directory is gone, the run is untouched
 
 
 # -- imports travel with the run ---------------------------------------------------------------------------

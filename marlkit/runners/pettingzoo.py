@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 import random
+import shutil
 import signal
 import time
 from collections import deque
@@ -254,6 +255,7 @@ class Runner:
     def train(self, evaluate: bool = False) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
         stop = _StopRequest()
+        state, finished = None, False
         with _terminate_as_interrupt():
             try:
                 self.venv = self._make_venv()
@@ -268,6 +270,7 @@ class Runner:
                     result = RunResult(self.run_dir, cfg.mode)
                     with stop.deferred():
                         self._train_loop(result, state, eval_venv, stop)
+                    finished = True
                 finally:
                     if eval_venv is not None:
                         eval_venv.close()
@@ -277,7 +280,21 @@ class Runner:
                 raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
             finally:
                 self.close()
+                if not finished and not cfg.resume and (state is None or state["steps"] == 0):
+                    self._discard_run_dir()
         return result
+
+    def _discard_run_dir(self) -> None:
+        """A new run that stopped before its first step leaves nothing behind (its directory would
+        hold a config and an empty events file, and look like a run)."""
+        if self.run_dir is not None and not any(self.run_dir.glob("*.pt")):
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            root = Path(self.cfg.runner.run_root).resolve()
+            for parent in self.run_dir.resolve().parents:   # <env>/<agent>/ when this run made them
+                if parent == root or root not in parent.parents or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+            self.run_dir = None
 
     def _interrupt_message(self, saved_now: bool) -> str:
         latest = self.run_dir / "latest.pt" if self.run_dir is not None else None
@@ -443,6 +460,7 @@ class Runner:
 
     def test(self) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
+        finished = False
         with _terminate_as_interrupt():
             try:
                 render = cfg.render
@@ -459,8 +477,14 @@ class Runner:
 
                 episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
                                              seed=cfg.seed * 10_000 + 999, on_frame=on_frame if render else None)
+                finished = True
+            except KeyboardInterrupt:
+                raise RunInterrupted(f"interrupted during the {rc.test_episodes} test episodes of {cfg.load}; "
+                                     "no results were written") from None
             finally:
                 self.close()
+                if not finished:
+                    self._discard_run_dir()
         result = RunResult(self.run_dir, "test")
         summary = {}
         for g in self.agents:
