@@ -6,6 +6,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import marlkit
+from marlkit.errors import ConfigError
 from marlkit.logger import Logger
 
 
@@ -53,5 +54,5 @@ def test_missing_wandb_says_how_to_install(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "wandb", None)
     monkeypatch.setattr(builtins, "__import__", no_wandb)
-    with pytest.raises(ImportError, match=r"pip install 'marlkit\[wandb\]'"):
+    with pytest.raises(ConfigError, match=r"pip install 'marlkit\[wandb\]'"):
         Logger("wandb", tmp_path, {})
