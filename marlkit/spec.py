@@ -49,6 +49,9 @@ class GroupSpec:
     observation_space: spaces.Space
     action_space: spaces.Space
     channels_last: bool | None = None   # layout of image observations; None: guessed from the shape
+    # Several sensors in one flat observation: their shapes, in the order they are concatenated
+    # (a Unity agent with a camera and vector sensors); None: the observation is one array.
+    obs_parts: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def n_agents(self) -> int:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "unity_standin"))
-from standin import masked_choices  # noqa: E402
+from standin import image as standin_image, masked_choices  # noqa: E402
 
 from marlkit.envs.unity import UnityConfig, UnityEnv  # noqa: E402
 from marlkit.config import ConfigError  # noqa: E402
@@ -294,24 +294,31 @@ def test_hybrid_actions_arrive_unchanged(tmp_path):
     assert log[3]["actions"]["0"]["continuous"][0] == 1.0
 
 
-def test_image_sensors_come_first_and_a_single_one_keeps_its_shape(tmp_path):
-    env, _ = make(tmp_path, "--image", "8x10x3", "--fields", "1")
+@pytest.mark.parametrize("compression", ["none", "png"])
+def test_image_sensors_come_first_and_a_single_one_keeps_its_shape(tmp_path, compression):
+    """Cameras arrive channels first, as mlagents-envs decodes them (a PNG as well as raw floats),
+    and the group spec says so: the layout and, for several sensors, each sensor's shape."""
+    png = ["--png"] if compression == "png" else []
+    env, _ = make(tmp_path, "--image", "3x8x10", *png, "--fields", "1")
     try:
         # the image and the vector sensors together: the image first (240 floats), then 8 + 3
-        assert env.spec.groups["team_0"].obs_shape == (240 + 8 + 3,)
+        spec = env.spec.groups["team_0"]
+        assert spec.obs_shape == (240 + 8 + 3,)
+        assert spec.obs_parts == ((3, 8, 10), (8,), (3,)) and spec.channels_last is False
         ob = env.reset()
-        image = ob.obs["team_0"][:, :240].reshape(2, 8, 10, 3)
-        np.testing.assert_allclose(image[1], (1 % 7) / 7.0)
+        image = ob.obs["team_0"][:, :240].reshape(2, 3, 8, 10)
+        np.testing.assert_allclose(image[1], standin_image(1, 0, (3, 8, 10)) / 255.0, atol=1e-6)
         assert ob.obs["team_0"][1, 240] == 1 and ob.obs["team_0"][1, 248] == 0   # agent id 1, team 0
     finally:
         env.close()
-    env, _ = make(tmp_path, "--image", "8x10x3", "--no-vector", "--fields", "1")
+    env, _ = make(tmp_path, "--image", "3x8x10", *png, "--no-vector", "--fields", "1")
     try:
-        assert env.spec.groups["team_0"].obs_shape == (8, 10, 3)
+        spec = env.spec.groups["team_0"]
+        assert spec.obs_shape == (3, 8, 10) and spec.obs_parts is None and spec.channels_last is False
         assert env.spec.state_shape == (2 * 2 * 240,)
         ob = env.reset()
-        assert ob.obs["team_1"].shape == (2, 8, 10, 3)
-        np.testing.assert_allclose(ob.obs["team_1"][1], (3 % 7) / 7.0)   # agent id 3, step 0
+        assert ob.obs["team_1"].shape == (2, 3, 8, 10)
+        np.testing.assert_allclose(ob.obs["team_1"][1], standin_image(3, 0, (3, 8, 10)) / 255.0, atol=1e-6)
     finally:
         env.close()
 

@@ -20,6 +20,8 @@ from marlkit.agents.base import OnPolicyAgent
 
 STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
 GAMMA = 0.99
+sys.path.insert(0, str(Path(__file__).parent / "unity_standin"))
+from standin import image as standin_image  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -268,13 +270,13 @@ def test_mappo_trains_on_hybrid_actions(tmp_path, captured):
 
 
 def test_mixed_sensors_reach_a_cnn_and_an_mlp_apart(tmp_path, captured):
-    """An 8x10x3 image sensor beside the two vector sensors, the actor ``mixed`` with
-    ``kwargs.images: [[8, 10, 3]]``: its convolutions see exactly each agent's image (the stand-in
-    paints agent ``i`` at episode step ``s`` in ``(i + s) % 7 / 7``), its mlp the vector sensors."""
+    """A 3x8x10 camera beside the two vector sensors and the actor ``mixed``, with no image shapes
+    given: the group spec tells them. Its convolutions see exactly each agent's image, pixel for
+    pixel (the stand-in's pixels differ along every axis), its mlp the vector sensors."""
     seen = []
     result, _ = train(tmp_path, steps=20, horizon=10, **{
-        "env.additional_args": ["--fields", "1", "--image", "8x10x3", "--log", str(tmp_path / "standin.jsonl")],
-        "agents.MAPPO.actor.name": "mixed", "agents.MAPPO.actor.kwargs": {"images": [[8, 10, 3]]}})
+        "env.additional_args": ["--fields", "1", "--image", "3x8x10", "--log", str(tmp_path / "standin.jsonl")],
+        "agents.MAPPO.actor.name": "mixed"})
     call = captured[0]
     actor = call["agent"].modules["actor"]
     conv = actor.cnns[0].conv[0]
@@ -289,7 +291,7 @@ def test_mixed_sensors_reach_a_cnn_and_an_mlp_apart(tmp_path, captured):
     assert images.shape == (2, 3, 8, 10)
     for slot, agent_id in enumerate([0, 1]):
         step = int(call["obs"][0, 0, slot, 240 + 2])
-        np.testing.assert_allclose(images[slot].numpy(), (agent_id + step) % 7 / 7.0, atol=1e-6)
+        np.testing.assert_allclose(images[slot].numpy(), standin_image(agent_id, step, (3, 8, 10)) / 255.0, atol=1e-6)
     assert np.isfinite(result.metrics["team_0/policy_loss"])
 
 

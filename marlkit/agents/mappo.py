@@ -41,9 +41,15 @@ class MAPPO(OnPolicyAgent):
         model = getattr(self.cfg, role)
         if per_agent and self._id_at_input(shape):
             shape = (shape[0] + self.n_agents,)
-        layout = self.group.channels_last if per_agent else self.state_channels_last
-        if layout is not None and "channels_last" not in model.kwargs:   # the env said; the user may still
-            model = replace(model, kwargs={**model.kwargs, "channels_last": layout})
+        # what the env's spec says about the input (image layout, sensor parts) reaches the models
+        # that take it, unless the config sets it
+        parts = self.group.obs_parts if per_agent else None
+        said = {"channels_last": self.group.channels_last if per_agent else self.state_channels_last,
+                "images": [list(p) for p in parts if len(p) == 3] if parts else None}
+        fill = {k: said[k] for k in get_model(model.name).spec_kwargs
+                if said.get(k) is not None and k not in model.kwargs}
+        if fill:
+            model = replace(model, kwargs={**model.kwargs, **fill})
         try:
             return get_model(model.name)(tuple(shape), model)
         except ConfigError as exc:

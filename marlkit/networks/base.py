@@ -29,6 +29,9 @@ class Encoder(nn.Module):
     is_recurrent = False
     hidden_size = 0
     takes_ids = False
+    # ``kwargs`` keys the agent fills in from the env's spec unless the config sets them:
+    # ``channels_last`` (the declared image layout), ``images`` (the image parts of a flat observation)
+    spec_kwargs: tuple[str, ...] = ()
     out_dim: int
 
     def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:

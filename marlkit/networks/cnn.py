@@ -41,6 +41,8 @@ class CNN(Encoder):
     Nature-DQN's 8/4, 4/2, 3/1 at 84x84 and up, down to two 3x3 convolutions at 7x7.
     """
 
+    spec_kwargs = ("channels_last",)
+
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
         input_shape = tuple(int(n) for n in input_shape)

@@ -16,18 +16,22 @@ from marlkit.registry import register_model
 @register_model("mixed")
 class Mixed(Encoder):
     """Images and a vector in one flat observation: the leading values are images of the shapes in
-    ``kwargs.images`` (``[[H, W, C], ...]``, in order), the rest a vector (with the agent id, when
+    ``kwargs.images`` (``[[C, H, W], ...]``, in order), the rest a vector (with the agent id, when
     the agent appends it). Each image goes through the packaged ``cnn``, the vector through an
     ``mlp``; their features are concatenated. Unity behaviours with image and vector sensors give
-    such observations (image sensors first); ``kwargs.channels_last`` is passed on to the ``cnn``.
+    such observations (image sensors first, channels first), and their spec says so: the agent
+    fills ``images`` and ``channels_last`` in from it, so neither needs setting by hand.
     """
+
+    spec_kwargs = ("channels_last", "images")
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
         images = [tuple(int(n) for n in shape) for shape in cfg.kwargs.get("images") or []]
         if len(input_shape) != 1 or not images:
             raise ConfigError(f"model 'mixed' takes flat inputs whose leading values are images, with their shapes "
-                              f"in kwargs.images (e.g. [[84, 84, 3]]); got input shape {tuple(input_shape)} and "
+                              f"in kwargs.images (e.g. [[3, 84, 84]]; filled in by itself for envs that declare "
+                              f"their sensors); got input shape {tuple(input_shape)} and "
                               f"kwargs.images={cfg.kwargs.get('images')!r}")
         self.images = images
         self.sizes = [int(np.prod(shape)) for shape in images]

@@ -6,8 +6,9 @@ SoccerTwos-shaped scene:
 
 - behaviours ``Soccer?team=0`` and ``Soccer?team=1``; ``--fields`` fields with two agents per team
   each (agent ids: field f holds ``4f, 4f+1`` in team 0 and ``4f+2, 4f+3`` in team 1);
-- two vector sensors per agent (8 and 3 floats; ``--image HxWxC`` adds an image sensor, and
-  ``--no-vector`` drops the vector ones);
+- two vector sensors per agent (8 and 3 floats; ``--image CxHxW`` adds a camera, sent as ML-Agents
+  3 sends one, channels first, uncompressed or with ``--png`` as a PNG; ``--no-vector`` drops the
+  vector sensors);
 - MultiDiscrete actions ``[3, 3, 3]`` with action masks (``--branches 5`` gives one Discrete branch,
   ``--branches ''`` none; ``--continuous N`` adds N continuous actions: hybrid, or continuous only);
 - field f's episode lasts ``--episode-length + 2 f`` steps, so fields end at different times; an
@@ -18,7 +19,8 @@ SoccerTwos-shaped scene:
   (its reward accumulates in between, as in Unity).
 
 Observations encode what a test needs to check: sensor 0 is ``[agent id, field, step in episode,
-episode, last action (3 branches, zero-padded), 1]``; sensor 1 is ``[team, slot in team, 0.5]``.
+episode, last action (3 branches, zero-padded), 1]``; sensor 1 is ``[team, slot in team, 0.5]``;
+the camera's pixel ``(c, h, w)`` is ``image(agent id, step, shape)``, different along every axis.
 Every agent gets ``0.01 * (sum of its last discrete action)`` per decision and ``-0.001`` per step.
 ``--log`` writes one JSON line per step: the actions received per agent id, masked choices taken,
 and the fields that ended.
@@ -44,7 +46,7 @@ from mlagents_envs.communicator_objects.agent_info_pb2 import AgentInfoProto
 from mlagents_envs.communicator_objects.brain_parameters_pb2 import ActionSpecProto, BrainParametersProto
 from mlagents_envs.communicator_objects.capabilities_pb2 import UnityRLCapabilitiesProto
 from mlagents_envs.communicator_objects.command_pb2 import QUIT, RESET, STEP
-from mlagents_envs.communicator_objects.observation_pb2 import NONE, ObservationProto
+from mlagents_envs.communicator_objects.observation_pb2 import NONE, PNG, ObservationProto
 from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import UnityToExternalProtoStub
 from mlagents_envs.side_channel import IncomingMessage
@@ -83,6 +85,26 @@ def side_channel_messages(data: bytes) -> list[dict]:
 
 def behaviour(team: int) -> str:
     return f"Soccer?team={team}"
+
+
+def image(agent_id: int, step: int, shape: tuple[int, int, int]):
+    """The camera of ``agent_id`` at episode step ``step``: uint8 ``[C, H, W]`` whose every pixel
+    tells its place, so a layout mistake anywhere downstream shows."""
+    import numpy as np
+    c, h, w = np.indices(shape)
+    return ((agent_id * 7 + step * 3 + c * 50 + h * 5 + w) % 256).astype(np.uint8)
+
+
+def png(pixels) -> bytes:
+    """``[C, H, W]`` uint8 (C = 1 or 3) as the PNG a Unity camera sensor sends."""
+    import io
+
+    from PIL import Image
+    hwc = pixels.transpose(1, 2, 0)
+    picture = Image.fromarray(hwc[..., 0] if hwc.shape[2] == 1 else hwc)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def masked_choices(agent_id: int, step: int, branches=(3, 3, 3)) -> list[tuple[int, int]]:
@@ -142,9 +164,13 @@ class Scene:
             ob.float_data.data.extend(float(v) for v in values)
             out.append(ob)
         if self.args.image:
-            h, w, c = self.args.image
-            ob = ObservationProto(shape=[h, w, c], compression_type=NONE, name="camera")
-            ob.float_data.data.extend([(agent.id + f.step) % 7 / 7.0] * (h * w * c))
+            pixels = image(agent.id, f.step, self.args.image)
+            if self.args.png:
+                ob = ObservationProto(shape=list(self.args.image), compression_type=PNG, name="camera",
+                                      compressed_data=png(pixels))
+            else:
+                ob = ObservationProto(shape=list(self.args.image), compression_type=NONE, name="camera")
+                ob.float_data.data.extend((pixels.reshape(-1) / 255.0).tolist())
             out.append(ob)
         return out
 
@@ -249,6 +275,7 @@ def parse(argv: list[str]):
     parser.add_argument("--branches", type=lambda s: tuple(int(v) for v in s.split(",") if v), default=(3, 3, 3))
     parser.add_argument("--continuous", type=int, default=0)
     parser.add_argument("--image", type=lambda s: tuple(int(v) for v in s.split("x")), default=None)
+    parser.add_argument("--png", action="store_true")
     parser.add_argument("--no-vector", action="store_true")
     parser.add_argument("--log", default=None)
     parser.add_argument("--side-log", default=None)

@@ -15,9 +15,10 @@ Editor connects when Play is pressed.
   (clipped there), continuous and branches together -> ``Tuple((Box, MultiDiscrete))`` (hybrid,
   one float vector per agent: see :func:`marlkit.spec.hybrid_parts`).
 - Observations: an agent's sensors, flattened and concatenated: image sensors (3-D) first, then
-  the others, each kind in the behaviour's order, so that the ``mixed`` model can take the images
-  apart for its ``cnn`` (``kwargs.images``: their shapes); a behaviour with a single image sensor
-  keeps its ``[H, W, C]`` shape (for the ``cnn`` model).
+  the others, each kind in the behaviour's order; the group spec lists the sensors' shapes
+  (``obs_parts``), so that the ``mixed`` model takes the images apart for its ``cnn``. A behaviour
+  with a single image sensor keeps its shape (for the ``cnn`` model). Images are ``[C, H, W]``,
+  as mlagents-envs decodes them (camera PNGs and uncompressed sensors alike), and declared so.
 - Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
 - Per-agent episodes: an agent in the terminal steps ends its own episode (``terminated``, or
   ``truncated`` when ML-Agents says it was interrupted at its max step) and carries its final
@@ -128,10 +129,13 @@ class _Behaviour:
         self.capacity = capacity
         self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
         self._slots_of: dict[bytes, tuple] = {}
-        shapes = [tuple(o.shape) for o in spec.observation_specs]
+        shapes = [tuple(int(n) for n in o.shape) for o in spec.observation_specs]
         self.order = sorted(range(len(shapes)), key=lambda i: len(shapes[i]) != 3)   # images first
         self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
             else (int(sum(np.prod(s) for s in shapes)),)
+        # the sensors of a flat observation, in its order; images are [C, H, W] as mlagents gives them
+        self.obs_parts = tuple(shapes[i] for i in self.order) if len(shapes) > 1 else None
+        self.has_images = any(len(shape) == 3 for shape in shapes)
         action = spec.action_spec
         self.n_continuous, self.branches = action.continuous_size, tuple(int(b) for b in action.discrete_branches)
         if self.n_continuous and self.branches:
@@ -280,7 +284,8 @@ class UnityEnv(MultiAgentEnv):
         groups = {}
         for beh in self.behaviours:
             space = spaces.Box(-np.inf, np.inf, beh.obs_shape, np.float32)
-            groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space)
+            groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space,
+                                          channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts)
         state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
         self.spec = EnvSpec(groups, (state_dim,))
         self._first = self._observe()[0]
