@@ -260,3 +260,31 @@ def test_mappo_trains_on_the_grid_battle_with_cnn_models(tmp_path):
     assert result.steps == 48
     assert np.isfinite(result.metrics["red/value_loss"]) and np.isfinite(result.metrics["blue/value_loss"])
     assert any(r for r in result.episode_returns)
+
+
+def test_gru_over_a_cnn_takes_pixels_and_resets_where_episodes_start():
+    """``{name: gru, kwargs: {encoder: cnn}}``: convolutions per frame, then the GRU over time."""
+    from marlkit.networks.rnn import GRU
+    cfg = ModelConfig(name="gru", hidden_sizes=[32], rnn_hidden=16, kwargs={"encoder": "cnn", "channels_last": False})
+    gru = GRU((4, 30, 40), cfg)
+    assert gru.encoder.conv[0].in_channels == 4 and gru.out_dim == gru.hidden_size == 16
+    x = torch.randint(0, 256, (5, 3, 4, 30, 40), dtype=torch.uint8)     # [L, B, C, H, W]
+    start = torch.zeros(5, 3, dtype=torch.bool)
+    start[2, 1] = True
+    out, h = gru(x, torch.zeros(3, 16), start)
+    assert out.shape == (5, 3, 16) and h.shape == (3, 16)
+    # env 1 restarts at t=2: from there on it matches a fresh pass over its last 3 frames
+    fresh, _ = gru(x[2:, 1:2], torch.zeros(1, 16))
+    torch.testing.assert_close(out[2:, 1:2], fresh)
+    with pytest.raises(ConfigError, match="kwargs.encoder 'gru' is recurrent"):
+        GRU((4, 30, 40), ModelConfig(name="gru", kwargs={"encoder": "gru"}))
+
+
+def test_mappo_trains_a_recurrent_cnn_policy_on_images(tmp_path):
+    result = marlkit.run(agent="MAPPO", env=_battle_yaml(tmp_path), logger="none", **{
+        "agents.MAPPO.actor": {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 16, "kwargs": {"encoder": "cnn"}},
+        "agents.MAPPO.epochs": 2, "agents.MAPPO.chunk_length": 6,
+        "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 2,
+        "runner.horizon": 12, "runner.total_steps": 48})
+    assert result.steps == 48
+    assert np.isfinite(result.metrics["red/policy_loss"]) and np.isfinite(result.metrics["blue/policy_loss"])

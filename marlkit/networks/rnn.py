@@ -1,23 +1,43 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
-from marlkit.config import ModelConfig
+from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.base import Encoder
 from marlkit.networks.mlp import flat_size, mlp_layers
-from marlkit.registry import register_model
+from marlkit.registry import get_model, register_model
 
 
 @register_model("gru")
 class GRU(Encoder):
-    """MLP layers (inputs flattened) then a GRU; the hidden state resets where an episode starts."""
+    """A feed-forward encoder, then a GRU; the hidden state resets where an episode starts.
+
+    The encoder is MLP layers (inputs flattened) by default, or any feed-forward registered model
+    named by ``kwargs.encoder`` (``cnn`` for pixels: ``{name: gru, kwargs: {encoder: cnn}}``), built
+    with the same settings and the other kwargs.
+    """
 
     is_recurrent = True
+    spec_kwargs = ("channels_last", "images")   # handed on to the encoder, which may take them
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
-        self.mlp, width = mlp_layers(flat_size(input_shape), cfg)
+        name = cfg.kwargs.get("encoder", "mlp")
+        self.flat = name == "mlp"   # the MLP layers stay this module's own (checkpoints of a plain gru)
+        if self.flat:
+            self.mlp, width = mlp_layers(flat_size(input_shape), cfg)
+        else:
+            cls = get_model(name)
+            if cls.is_recurrent:
+                raise ConfigError(f"model 'gru': kwargs.encoder {name!r} is recurrent itself; name a feed-forward "
+                                  "model such as 'mlp' or 'cnn'")
+            kept = {k: v for k, v in cfg.kwargs.items() if k != "encoder" and (k in cls.spec_kwargs or
+                                                                                 k not in self.spec_kwargs)}
+            self.encoder = cls(tuple(input_shape), replace(cfg, name=name, kwargs=kept))
+            width = self.encoder.out_dim
         self.gru = nn.GRU(width, cfg.rnn_hidden)
         for name, param in self.gru.named_parameters():
             if "weight" in name:
@@ -29,7 +49,11 @@ class GRU(Encoder):
 
     def forward(self, x, hidden=None, episode_start=None):
         length, batch = x.shape[:2]
-        z = self.mlp(x.reshape(length * batch, -1).float()).reshape(length, batch, -1)
+        if self.flat:
+            z = self.mlp(x.reshape(length * batch, -1).float())
+        else:
+            z = self.encoder.encode(x.reshape(length * batch, *x.shape[2:]))
+        z = z.reshape(length, batch, -1)
         h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
         outputs = []
         for t in range(length):
