@@ -137,7 +137,7 @@ def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart()
     dead = _vars(HEALTH=[-999900, 100], DEAD=[1, 0])
     player, _ = reward_parts(dead, _vars(HEALTH=[-999900, 100], DEAD=[1, 0]), w)
     np.testing.assert_array_equal(player, [0.0, 0.0])
-    assert player_stats(after[1])["deaths"] == 1 and player_stats(after[0])["damage"] == 30
+    assert player_stats(after[1], before[1])["deaths"] == 1 and player_stats(after[0], before[0])["damage"] == 10 - 10 + 30
 
 
 def test_rewards_in_a_real_game_add_up_to_the_game_variables():
@@ -164,6 +164,43 @@ def test_rewards_in_a_real_game_add_up_to_the_game_variables():
             assert totals[a] - shared_total == pytest.approx(0.01 * d["damage"] - d["deaths"] + 0.5 * d["ammo"])
         assert totals["player_0"] - shared_total < 0          # firing cost ammo: the player part saw it
         assert env.last_episode["player_0"]["ammo"] == infos["player_0"]["ammo"]
+    finally:
+        env.close()
+
+
+DEFEND = {"scenario": "defend_the_center.cfg", "buttons": ["ATTACK", "TURN_LEFT", "TURN_RIGHT"],
+          "actions": [[], ["ATTACK"]], "episode_timeout": 2100}
+
+
+def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
+    """``respawn: false``: a player that dies is terminated and leaves ``agents`` (its engine idles
+    in lockstep), and the episode ends when the last player dies; the info counters are episode
+    totals although the engine's death, damage and hit counters run on over the whole match."""
+    env = DoomCoopEnv(players=2, respawn=False, **DEFEND)
+    try:
+        parallel_api_test(env, num_cycles=50)
+        for episode in range(2):
+            _, infos = env.reset(seed=episode)
+            assert {infos[a]["deaths"] for a in env.agents} == {0.0}
+            ended, step = {}, 0
+            while env.agents:
+                acting = list(env.agents)
+                obs, rewards, term, trunc, infos = env.step({a: int(a == "player_0") for a in acting})
+                step += 1
+                assert set(obs) == set(rewards) == set(term) == set(infos) == set(acting)
+                for a in acting:
+                    if term[a] or trunc[a]:
+                        ended[a] = (step, term[a], infos[a]["deaths"], infos[a]["dead"])
+                        assert a not in env.agents
+                    else:
+                        assert a in env.agents and not infos[a]["dead"]
+                for a in ended:   # out players stay dead: nothing respawns them
+                    assert env._vars[env._index[a], VARIABLES.index("DEAD")] == 1
+            # both died before the timeout, each exactly once in this episode
+            assert ended.keys() == {"player_0", "player_1"}, ended
+            assert all(term and deaths == 1 and dead for _, term, deaths, dead in ended.values()), ended
+            assert max(step for step, *_ in ended.values()) < 2100 // env.cfg.frame_skip
+            assert env.last_episode["player_1"]["deaths"] == 1
     finally:
         env.close()
 

@@ -24,6 +24,8 @@ class DoomConfig(EnvConfig):
     grayscale: bool = True
     frame_skip: int = field(default=4, metadata=_range(1))    # tics per step, played 2 per barrier
     episode_timeout: Optional[int] = field(default=2100, metadata=_range(1))  # tics (35 per second)
+    respawn: bool = True                      # false: a dead player is out until the episode ends, which
+                                              # it does when every player is dead (or at the timeout)
     buttons: list[str] = field(default_factory=lambda: list(DEFAULT_BUTTONS))
     actions: Optional[list[list[str]]] = None  # the discrete action table; None: no-op + each button alone
     reward: RewardWeights = field(default_factory=RewardWeights)

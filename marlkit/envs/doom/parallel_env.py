@@ -3,8 +3,10 @@
 Per player ``player_i``: observation ``[C, H, W]`` uint8 (C = 1 grayscale, 3 RGB), a Discrete
 action indexing ``DoomConfig.action_table()``, a reward = per-player part + shared part (both also
 in ``info``), and in ``info`` the player's game variables (health, armor, ammo, kills, deaths,
-damage, hits, dead). Every player stays in the game for the whole episode (dead players respawn),
-and the episode ends for all players on the same step.
+damage, hits, dead). With ``respawn`` (the default) every player stays in the game for the whole
+episode (dead players come back) and the episode ends for all players on the same step; without
+it a player that dies is terminated and out (its engine idles in lockstep) until the episode
+ends, which it does when the last player dies or at the timeout.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from marlkit.config import build
 from marlkit.envs.doom.config import DoomConfig
 from marlkit.envs.doom.coop_starts import scenario_with_starts
 from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
-from marlkit.envs.doom.rewards import STATE_FEATURES, player_stats, reward_parts, state_features
+from marlkit.envs.doom.rewards import STATE_FEATURES, died, player_stats, reward_parts, state_features
 from marlkit.envs.doom.worker import PlayerSettings
 
 log = logging.getLogger("marlkit.doom")
@@ -41,6 +43,7 @@ class DoomCoopEnv(ParallelEnv):
         self.metadata = {**self.metadata, "render_fps": max(1, round(35 / cfg.frame_skip))}
         self.table = cfg.action_table()
         self.possible_agents = [f"player_{i}" for i in range(cfg.players)]
+        self._index = {a: i for i, a in enumerate(self.possible_agents)}
         self.agents: list[str] = []
         h, w = screen_shape(cfg.resolution)
         self._channels = 1 if cfg.grayscale else 3
@@ -58,13 +61,13 @@ class DoomCoopEnv(ParallelEnv):
         settings = PlayerSettings(player=0, players=cfg.players, port=0, config=scenario, wad=wad, work_dir="",
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
-                                  host_args=list(cfg.host_args))
+                                  respawn=cfg.respawn, host_args=list(cfg.host_args))
         self.match = DoomMatch(settings, name=f"env {index}",
                                port=None if cfg.port is None else cfg.port + index,
                                timeout=cfg.player_timeout, start_timeout=cfg.start_timeout)
         self.restarts = 0
         self._screens = np.zeros((cfg.players, self._channels, h, w), np.uint8)
-        self._vars = None
+        self._vars = self._start = None   # game variables [N, V]: now, and at the episode's start
         self._tics = 0
         self.last_episode: dict[str, dict] = {}   # per player, the game stats of the last finished episode
         self.match.start()
@@ -90,13 +93,14 @@ class DoomCoopEnv(ParallelEnv):
                                   f"{[i for i, f in enumerate(finished) if f]} only")
         return variables, all(finished), any(a[3] for a in answers)
 
-    def _observations(self) -> dict:
-        return {a: self._screens[i].copy() for i, a in enumerate(self.possible_agents)}
+    def _observations(self, agents: list[str]) -> dict:
+        return {a: self._screens[self._index[a]].copy() for a in agents}
 
-    def _infos(self, player: np.ndarray | None = None, shared: float = 0.0) -> dict:
+    def _infos(self, agents: list[str], player: np.ndarray | None = None, shared: float = 0.0) -> dict:
         out = {}
-        for i, a in enumerate(self.possible_agents):
-            out[a] = {**player_stats(self._vars[i]), "reward_player": float(player[i]) if player is not None else 0.0,
+        for a in agents:
+            i = self._index[a]
+            out[a] = {**player_stats(self._vars[i], self._start[i]), "reward_player": float(player[i]) if player is not None else 0.0,
                       "reward_shared": shared, "restarts": self.restarts}
         return out
 
@@ -116,36 +120,38 @@ class DoomCoopEnv(ParallelEnv):
             self._restart_or_raise(exc)
             answers = self.match.reset(seed)
         self._vars, _, _ = self._take(answers)
+        self._start = self._vars.copy()
         self._tics = 0
         self.agents = list(self.possible_agents)
-        return self._observations(), self._infos()
+        return self._observations(self.agents), self._infos(self.agents)
 
     def step(self, actions: dict):
         if not self.agents:
             raise RuntimeError("step() after the episode ended; call reset()")
-        buttons = [self.table[int(actions[a])] if a in actions else self.table[0] for a in self.possible_agents]
+        acting = list(self.agents)
+        idle = [0.0] * len(self.cfg.buttons)   # a player out of the episode presses nothing (USE would respawn it)
+        buttons = [self.table[int(actions.get(a, 0))] if a in self.agents else idle for a in self.possible_agents]
         before = self._vars
         try:
             variables, finished, time_up = self._take(self.match.step(buttons, self.cfg.frame_skip))
         except DoomPlayerError as exc:
             self._restart_or_raise(exc)
             # The interrupted episode is cut here: it ends truncated, with its last observation.
-            zeros = {a: 0.0 for a in self.agents}
-            trunc = {a: True for a in self.agents}
-            infos = self._infos()
             self.agents = []
-            return self._observations(), zeros, {a: False for a in trunc}, trunc, infos
+            return (self._observations(acting), {a: 0.0 for a in acting}, {a: False for a in acting},
+                    {a: True for a in acting}, self._infos(acting))
         self._vars = variables
         self._tics += self.cfg.frame_skip
         player, shared = reward_parts(before, variables, self.cfg.reward)
-        rewards = {a: float(player[i] + shared) for i, a in enumerate(self.possible_agents)}
-        terminations = {a: finished and not time_up for a in self.agents}
-        truncations = {a: finished and time_up for a in self.agents}
-        infos = self._infos(player, shared)
-        if finished:
-            self.agents = []
-            self.last_episode = {a: player_stats(variables[i]) for i, a in enumerate(self.possible_agents)}
-        return self._observations(), rewards, terminations, truncations, infos
+        out = set() if self.cfg.respawn else {a for a in acting if died(before[self._index[a]], variables[self._index[a]])}
+        rewards = {a: float(player[self._index[a]] + shared) for a in acting}
+        terminations = {a: (finished and not time_up) or a in out for a in acting}
+        truncations = {a: finished and time_up and a not in out for a in acting}
+        infos = self._infos(acting, player, shared)
+        self.agents = [] if finished else [a for a in acting if a not in out]
+        if not self.agents:
+            self.last_episode = {a: player_stats(variables[i], self._start[i]) for i, a in enumerate(self.possible_agents)}
+        return self._observations(acting), rewards, terminations, truncations, infos
 
     def _restart_or_raise(self, exc: DoomPlayerError) -> None:
         if not self.cfg.restart_on_failure:

@@ -31,12 +31,21 @@ class RewardWeights:
     ammo: float = 0.0       # per player: bullets + shells + rockets + cells gained (spent: negative), alive
 
 
-def player_stats(v: np.ndarray) -> dict[str, float]:
-    """One player's numbers for ``info``; counters (kills, deaths, damage, hits) are episode totals."""
+def player_stats(v: np.ndarray, start: np.ndarray) -> dict[str, float]:
+    """One player's numbers for ``info``, from its game variables now (``v``) and at the episode's
+    start (``start``). The counters (kills, deaths, damage, hits) are episode totals: in a network
+    game DEATHCOUNT, DAMAGECOUNT and HITCOUNT run on over the whole match (measured), KILLCOUNT
+    restarts with each episode."""
+    count = lambda name: float(v[_I[name]] - start[_I[name]])  # noqa: E731
     return {"health": float(v[_I["HEALTH"]]), "armor": float(v[_I["ARMOR"]]),
-            "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": float(v[_I["KILLCOUNT"]]),
-            "deaths": float(v[_I["DEATHCOUNT"]]), "damage": float(v[_I["DAMAGECOUNT"]]),
-            "hits": float(v[_I["HITCOUNT"]]), "dead": bool(v[_I["DEAD"]])}
+            "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": count("KILLCOUNT"),
+            "deaths": count("DEATHCOUNT"), "damage": count("DAMAGECOUNT"), "hits": count("HITCOUNT"),
+            "dead": bool(v[_I["DEAD"]])}
+
+
+def died(before: np.ndarray, after: np.ndarray) -> bool:
+    """Whether a player (its game variables around one step) died in that step."""
+    return bool(after[_I["DEATHCOUNT"]] > before[_I["DEATHCOUNT"]] or (after[_I["DEAD"]] and not before[_I["DEAD"]]))
 
 
 def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tuple[np.ndarray, float]:

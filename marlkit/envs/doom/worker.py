@@ -51,6 +51,7 @@ class PlayerSettings:
     doom_map: str | None = None
     skill: int | None = None
     episode_timeout: int | None = None
+    respawn: bool = True              # dead players come back (after 2 tics) or stay out of the episode
     host_args: list[str] = field(default_factory=list)
     join_args: list[str] = field(default_factory=list)
     connect_timeout: int = 10
@@ -105,9 +106,11 @@ def build_game(s: PlayerSettings):
         # Maps with one co-op start place the other players on deathmatch starts; picked at random,
         # a spot blocked by a monster ends the game with "No player 2 start" (seen on deathmatch.cfg),
         # while the farthest spot is always taken.
-        args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", "+sv_forcerespawn 1",
-                "+sv_spawnfarthest 1", "+viz_respawn_delay 0", f"+viz_connect_timeout {s.connect_timeout}",
-                *s.host_args]
+        # Without forced respawn a dead co-op player comes back only when it presses USE or ATTACK,
+        # which the env never does for it: it stays dead until the next episode.
+        respawn = ["+sv_forcerespawn 1", "+viz_respawn_delay 0"] if s.respawn else ["+sv_forcerespawn 0"]
+        args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", *respawn, "+sv_spawnfarthest 1",
+                f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
     else:
         args = [f"-join 127.0.0.1 -port {s.port}", *s.join_args]
     game.add_game_args(" ".join([*args, f"+name P{s.player}", f"+colorset {s.player % 8}"]))
