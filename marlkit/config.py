@@ -377,17 +377,21 @@ def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[st
     layers += [(str(config_file_path(p)), load_yaml(config_file_path(p))) for p in config_files or []]
     layers.append(("", deep_merge(overrides or {}, {k: v for k, v in top_level.items() if v is not None})))
     merged: dict = {}
-    for source, layer in layers:
+    for i, (source, layer) in enumerate(layers):
         merged = deep_merge(merged, layer)
+        last = i == len(layers) - 1
         try:
-            cfg = from_dict({**merged, **top, "env_name": merged.get("env_name", top["env_name"])})
+            # every layer is validated, so that a bad key is blamed on its file; the checks that weigh
+            # settings against each other wait for the last layer, which may still change either side
+            cfg = from_dict({**merged, **top, "env_name": merged.get("env_name", top["env_name"])}, checks=last)
         except ConfigError as exc:
             raise ConfigError(f"{source}: {exc}" if source else str(exc)) from None
     return cfg
 
 
-def from_dict(data: dict) -> RunConfig:
-    """Validate a merged mapping (also what a run dir's ``config.yaml`` holds) into a RunConfig."""
+def from_dict(data: dict, checks: bool = True) -> RunConfig:
+    """Validate a merged mapping (also what a run dir's ``config.yaml`` holds) into a RunConfig;
+    ``checks``: also the agents' and the env type's checks of settings against each other."""
     data = dict(data)
     env_section = data.pop("env", None) or {}
     agents_section = data.pop("agents", None) or {}
@@ -418,7 +422,10 @@ def from_dict(data: dict) -> RunConfig:
         if section is not None and not isinstance(section, dict):
             raise ConfigError(f"agents.{name}: expected a mapping of {name} settings, got {section!r}")
         cfg.agents[name] = build(agent_cls.config_cls, section, f"agents.{name}")
-        agent_cls.check_config(cfg.agents[name], cfg.runner, f"agents.{name}")
+        if checks:
+            agent_cls.check_config(cfg.agents[name], cfg.runner, f"agents.{name}")
+    if checks:
+        env_cls.check_config(cfg)
     return cfg
 
 

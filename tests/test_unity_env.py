@@ -485,6 +485,17 @@ def test_engine_settings_and_parameters_reach_the_scene(tmp_path):
         make(None, engine={"fov": 90})
 
 
+def test_the_editor_is_one_scene_and_settings_that_need_more_fail_before_anything_starts():
+    from marlkit.api import build_config
+    with pytest.raises(ConfigError, match=r"Unity Editor, which is one scene, but runner.parallels is 2: "
+                                          r"set runner.parallels=1"):
+        build_config("MAPPO", "unity")                                   # unity.yaml: 2 envs
+    with pytest.raises(ConfigError, match="--benchmark needs a second one"):
+        build_config("MAPPO", "unity", "benchmark", **{"runner.parallels": 1})
+    assert build_config("MAPPO", "unity", **{"runner.parallels": 1}).env.file_name is None
+    assert build_config("MAPPO", "unity", "benchmark", **{"env.file_name": STANDIN}).runner.parallels == 2
+
+
 def test_the_editor_path_waits_for_a_scene_that_connects_by_itself(tmp_path):
     """``file_name: null`` is the Editor: marlkit launches nothing and waits on the port for the
     scene to connect (what pressing Play does). The stand-in, started by hand on that port, plays

@@ -79,6 +79,11 @@ class MultiAgentEnv:
     # very same episodes (see EnvConfig.exact_resume).
     exact_resume: bool = False
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        """Settings of a run (``cfg``: the RunConfig, ``cfg.env`` this type's config) that this env
+        type cannot run with, raised as ConfigError before any env starts."""
+
     def reset(self, seed: int | None = None) -> Observation:
         raise NotImplementedError
 

@@ -205,6 +205,22 @@ class UnityEnv(MultiAgentEnv):
             env = FlattenMultiDiscrete(env)
         return env
 
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        if cfg.env.file_name is not None:
+            return
+        # the Editor is one scene on one port: one env, and no second one to evaluate on
+        if cfg.mode == "benchmark":
+            raise ConfigError("env.file_name is null, so the env is the Unity Editor, which is one scene; "
+                              "--benchmark needs a second one for its evaluation episodes: point "
+                              "env.file_name at a build, or train without --benchmark")
+        rc = cfg.runner
+        key, used = ("runner.parallels", rc.parallels) if cfg.mode != "test" else \
+            ("runner.eval_parallels", 1 if cfg.render else min(rc.eval_parallels, rc.test_episodes))
+        if used > 1:
+            raise ConfigError(f"env.file_name is null, so the env is the Unity Editor, which is one scene, but "
+                              f"{key} is {used}: set {key}=1, or point env.file_name at a build")
+
     def __init__(self, cfg: UnityConfig, index: int = 0):
         environment = _import_mlagents()
         from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
