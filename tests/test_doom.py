@@ -201,6 +201,9 @@ def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
             assert all(term and deaths == 1 and dead for _, term, deaths, dead in ended.values()), ended
             assert max(step for step, *_ in ended.values()) < 2100 // env.cfg.frame_skip
             assert env.last_episode["player_1"]["deaths"] == 1
+            stats = env.episode_stats()     # the team's numbers, as the runner logs them
+            assert stats["deaths"] == 2 and stats["kills"] == env.last_episode["player_0"]["kills"]
+            assert stats["hits"] == sum(p["hits"] for p in env.last_episode.values())
     finally:
         env.close()
 
@@ -362,7 +365,7 @@ def test_a_failed_match_restarts_when_asked_and_counts_it(caplog):
         with caplog.at_level(logging.WARNING, logger="marlkit.doom"):
             _, rewards, term, trunc, infos = env.step({a: 0 for a in env.agents})
         assert all(trunc.values()) and not any(term.values()) and env.agents == []
-        assert infos["player_0"]["restarts"] == 1
+        assert infos["player_0"]["restarts"] == 1 and env.episode_stats()["restarts"] == 1
         assert "player_0" in caplog.text and "restarting the match (restart 1 of this env)" in caplog.text
         assert gone_within(old, 5)
         _, infos = env.reset(seed=1)

@@ -65,6 +65,41 @@ def test_auto_reset_and_final_observation():
         venv.close()
 
 
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_episode_stats_of_each_env_arrive_with_its_episode_end(vectorize):
+    make = fns(3, "toy_envs:stats", length=4)
+    venv = SyncVectorEnv(make) if vectorize == "sync" else SubprocVectorEnv(make, num_workers=2, timeout=30)
+    try:
+        venv.reset(seed=0)
+        seen = []
+        for t in range(8):
+            actions = np.zeros((3, 3), np.int64)
+            actions[:, 0] = np.arange(3) + t     # env e, step t: agent_0 plays e + t
+            res = venv.step({"agents": actions})
+            for e, info in enumerate(res.infos):
+                assert ("episode" in info) == bool(res.episode_end[e])
+                if "episode" in info:
+                    seen.append((t, e, info["episode"]["stats"]))
+        # episodes of 4 steps end at t = 3 and 7 in every env; their sums: e + 0..3, then e + 4..7
+        assert seen == [(t, e, {"episode": float(t // 4 + 1), "agent_0_actions": float(4 * e + (t - 3) * 4 + 6)})
+                        for t in (3, 7) for e in range(3)]
+    finally:
+        venv.close()
+
+
+def test_runs_log_the_envs_episode_stats_and_keep_them_in_each_evaluation(tiny, env_yaml):
+    import marlkit
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    path = env_yaml("toy_envs:stats", {"length": 5})
+    result = marlkit.run(agent="MAPPO", env=path, mode="benchmark", seed=1, **{**tiny, "logger": "tensorboard"})
+    # each evaluation: one 5-step episode per eval env, the envs' k-th episode at the k-th evaluation
+    assert [row["env"]["episode"] for row in result.evaluations] == [float(k + 1) for k in range(len(result.evaluations))]
+    assert all(0 <= row["env"]["agent_0_actions"] <= 2 * 5 for row in result.evaluations)
+    events = EventAccumulator(str(result.run_dir))
+    events.Reload()
+    assert {"env/agent_0_actions", "eval/env/agent_0_actions"} <= set(events.Tags()["scalars"])
+
+
 def test_dead_worker_is_reported_with_its_env_index():
     venv = SubprocVectorEnv(fns(4, factory="toy_envs:crashing", mode="exit", at=2), num_workers=2, timeout=20)
     try:

@@ -160,6 +160,33 @@ def two_team(**kwargs):
     return TwoTeamEnv(**kwargs)
 
 
+class StatsEnv(ScriptedEnv):
+    """Reports, per finished episode, its number and the sum of agent_0's actions in it
+    (``episode_stats``, what a game reports as kills or deaths)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.episodes, self.action_sum = 0, 0
+
+    def reset(self, seed=None, options=None):
+        self.action_sum = 0
+        return super().reset(seed, options)
+
+    def step(self, actions):
+        self.action_sum += int(actions.get("agent_0", 0))
+        out = super().step(actions)
+        if not self.agents:
+            self.episodes += 1
+        return out
+
+    def episode_stats(self):
+        return {"episode": float(self.episodes), "agent_0_actions": float(self.action_sum)}
+
+
+def stats(**kwargs):
+    return StatsEnv(**kwargs)
+
+
 class BrokenEnv(ScriptedEnv):
     """Breaks the API from its ``break_at``-th step on (counted across episodes): ``how`` = 'missing_obs' drops agent_1's observation,
     'out_of_space' returns an observation outside the Box, 'nan_reward' returns NaN rewards."""

@@ -95,6 +95,12 @@ class MultiAgentEnv:
     def render(self) -> np.ndarray | None:
         return None
 
+    def episode_stats(self) -> dict[str, float]:
+        """Numbers about the episode that has just ended (Doom: kills, deaths), asked for once when
+        it ends, before the reset; logged beside the return as ``env/<name>`` and kept in each
+        evaluation. None by default."""
+        return {}
+
     def close(self) -> None:
         pass
 

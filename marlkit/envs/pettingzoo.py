@@ -272,5 +272,10 @@ class PettingZooEnv(MultiAgentEnv):
     def render(self):
         return self.env.render()
 
+    def episode_stats(self) -> dict[str, float]:
+        """The ParallelEnv's own ``episode_stats()``, where it has one."""
+        stats = getattr(self.env, "episode_stats", None)
+        return dict(stats()) if callable(stats) else {}
+
     def close(self) -> None:
         self.env.close()

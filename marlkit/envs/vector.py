@@ -224,11 +224,15 @@ class VectorEnv:
     def __init__(self):
         self._acting: dict | None = None
 
-    def _finish(self, arrays: _Arrays) -> StepResult:
+    def _finish(self, arrays: _Arrays, env_stats: dict[int, dict]) -> StepResult:
+        """``env_stats``: env index -> ``episode_stats()`` of the envs whose episode ended."""
         reward = arrays.group("reward")
         episode_end = arrays.a["episode_end"].copy()
         agent_end = arrays.group("agent_end")
         infos = self.stats.update(self._acting, reward, episode_end, agent_end)
+        for e, stats in env_stats.items():
+            if stats:
+                infos[e]["episode"]["stats"] = stats
         result = StepResult(arrays.observation("next"), reward, arrays.group("terminated"),
                             arrays.group("truncated"), episode_end, arrays.observation("final"), infos,
                             agent_end)
@@ -308,10 +312,13 @@ class SyncVectorEnv(VectorEnv):
         return self._start(self.arrays.observation("next"))
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        ended = {}
         for e, env in enumerate(self.envs):
             ob, reward, terminated, truncated, done = env.step({g: a[e] for g, a in actions.items()})
+            if done:
+                ended[e] = env.episode_stats()
             self.arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
-        return self._finish(self.arrays)
+        return self._finish(self.arrays, ended)
 
     def render(self, index: int = 0):
         return self.envs[index].render()
@@ -395,12 +402,15 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
                 busy.set(None)
                 conn.send(("ok", None))
             elif cmd == "step":
+                ended = {}
                 for env, e in zip(envs, indices):
                     busy.set(e)
                     ob, reward, terminated, truncated, done = env.step(arrays.actions(e))
+                    if done:
+                        ended[e] = env.episode_stats()
                     arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
                 busy.set(None)
-                conn.send(("ok", None))
+                conn.send(("ok", ended))
             elif cmd == "render":
                 busy.set(arg)
                 conn.send(("ok", envs[indices.index(arg)].render()))
@@ -538,8 +548,9 @@ class SubprocVectorEnv(VectorEnv):
         for g, a in actions.items():
             self.arrays.a[f"action.{g}"][...] = a
         self._broadcast("step")
-        self._gather(range(len(self.conns)), "stepping")
-        return self._finish(self.arrays)
+        replies = self._gather(range(len(self.conns)), "stepping")   # per worker: its ended envs' stats
+        ended = {e: stats for reply in replies for e, stats in reply.items()}
+        return self._finish(self.arrays, ended)
 
     def render(self, index: int = 0):
         w = next(w for w, idx in enumerate(self.indices) if index in idx)

@@ -36,6 +36,9 @@ class EnvWrapper(MultiAgentEnv):
     def render(self):
         return self.env.render()
 
+    def episode_stats(self) -> dict[str, float]:
+        return self.env.episode_stats()
+
     def close(self) -> None:
         self.env.close()
 

@@ -97,6 +97,13 @@ class _EvaluationStopped(Exception):
     pass
 
 
+def mean_stats(episodes) -> dict[str, float]:
+    """Per name, the mean of the episodes' ``episode_stats()`` values (episodes that lack a name are
+    left out of its mean)."""
+    names = dict.fromkeys(k for ep in episodes for k in ep)
+    return {k: float(np.mean([ep[k] for ep in episodes if k in ep])) for k in names}
+
+
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
     base = Path(cfg.runner.run_root) / Path(cfg.env_name).stem / cfg.agent
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -239,7 +246,8 @@ class Runner:
             for e, info in enumerate(res.infos):
                 if "episode" in info and done[e] < quota[e]:
                     done[e] += 1
-                    results.append({"return": info["episode"]["return"], "length": info["episode"]["length"]})
+                    results.append({"return": info["episode"]["return"], "length": info["episode"]["length"],
+                                    "stats": info["episode"].get("stats", {})})
             if on_frame is not None:
                 on_frame(int(done[0]))
             hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
@@ -309,7 +317,8 @@ class Runner:
         obs = self.venv.reset(seed=self.cfg.seed * 10_000)
         return {"steps": 0, "updates": 0, "obs": obs,
                 "hidden": {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()},
-                "recent": deque(maxlen=100), "episodes": 0, "best": None, "evaluations": [],
+                "recent": deque(maxlen=100), "recent_stats": deque(maxlen=100), "episodes": 0, "best": None,
+                "evaluations": [],
                 "next_eval": 0, "next_save": self.cfg.runner.save_interval, "next_log": 0}
 
     def _resume_state(self, path: Path) -> dict:
@@ -318,6 +327,7 @@ class Runner:
         for g, agent in self.agents.items():
             _load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
         state = pickle.loads(ckpt["runner"])
+        state.setdefault("recent_stats", deque(maxlen=100))   # checkpoints from before episode stats
         if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
         else:
@@ -372,6 +382,8 @@ class Runner:
                         if "episode" in info:
                             state["recent"].append(info["episode"]["return"])
                             state["episodes"] += 1
+                            if "stats" in info["episode"]:
+                                state["recent_stats"].append(info["episode"]["stats"])
                     hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
                     obs = res.next
                 state["steps"] += per_update
@@ -385,6 +397,7 @@ class Runner:
                 if state["recent"]:
                     for g in self.agents:
                         metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
+                metrics.update({f"env/{k}": v for k, v in mean_stats(state["recent_stats"]).items()})
                 result.metrics = metrics
                 if state["steps"] >= state["next_log"] or state["steps"] >= rc.total_steps:
                     now = time.perf_counter()
@@ -439,9 +452,13 @@ class Runner:
         for g in self.agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
             row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
+        stats = mean_stats([ep["stats"] for ep in episodes])
+        if stats:
+            row["env"] = stats
         row["score"] = self._score(row)
         state["evaluations"].append(row)
-        self.logger.log({f"eval/{g}/return": row["mean"][g] for g in self.agents}, state["steps"])
+        self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
+                         **{f"eval/env/{k}": v for k, v in stats.items()}}, state["steps"])
         if state["best"] is None or row["score"] > state["best"]["score"]:
             state["best"] = row
             self._checkpoint(self.run_dir / "best.pt", state, None)

@@ -138,6 +138,7 @@ class DoomCoopEnv(ParallelEnv):
             self._restart_or_raise(exc)
             # The interrupted episode is cut here: it ends truncated, with its last observation.
             self.agents = []
+            self.last_episode = self._stats_now()
             return (self._observations(acting), {a: 0.0 for a in acting}, {a: False for a in acting},
                     {a: True for a in acting}, self._infos(acting))
         self._vars = variables
@@ -150,8 +151,20 @@ class DoomCoopEnv(ParallelEnv):
         infos = self._infos(acting, player, shared)
         self.agents = [] if finished else [a for a in acting if a not in out]
         if not self.agents:
-            self.last_episode = {a: player_stats(variables[i], self._start[i]) for i, a in enumerate(self.possible_agents)}
+            self.last_episode = self._stats_now()
         return self._observations(acting), rewards, terminations, truncations, infos
+
+    def _stats_now(self) -> dict[str, dict]:
+        return {a: player_stats(self._vars[i], self._start[i]) for i, a in enumerate(self.possible_agents)}
+
+    def episode_stats(self) -> dict[str, float]:
+        """The team's numbers for the episode that just ended: monsters killed (the level's count),
+        and deaths, damage dealt and hits summed over the players; plus the match restarts of
+        this env so far."""
+        players = self.last_episode.values()
+        return {"kills": float(self.last_episode["player_0"]["kills"]),
+                **{k: float(sum(p[k] for p in players)) for k in ("deaths", "damage", "hits")},
+                "restarts": float(self.restarts)}
 
     def _restart_or_raise(self, exc: DoomPlayerError) -> None:
         if not self.cfg.restart_on_failure:
