@@ -163,28 +163,35 @@ def test_default_state_of_images_is_a_uint8_channel_stack():
     assert ob.state.nbytes == views.nbytes == views.size
 
 
-class NarrowViews(ParallelEnv):
-    """Four agents with (13, 11, 5) views: stacked channels-first, (20, 13, 11), whose shortest
-    side is not the channel axis."""
-    metadata = {"name": "narrow_views"}
+class Views(ParallelEnv):
+    """``n`` agents with image views of ``shape``; agent i's pixel in column c holds
+    ``i + 5 * (c // 15)``, plus 15 in the last column of every 15, on every channel. Four (13, 11, 5) views stack channels-first to
+    (20, 13, 11), whose shortest side is not the channel axis."""
+    metadata = {"name": "views"}
 
-    def __init__(self):
-        self.possible_agents = [f"agent_{i}" for i in range(4)]
+    def __init__(self, shape=(13, 11, 5), n=4):
+        self.shape, self.possible_agents = shape, [f"agent_{i}" for i in range(n)]
         self.agents = []
 
     def observation_space(self, agent):
-        return spaces.Box(0, 255, (13, 11, 5), np.uint8)
+        return spaces.Box(0, 255, self.shape, np.uint8)
 
     def action_space(self, agent):
         return spaces.Discrete(2)
 
+    def view(self, i):
+        channels_last = self.shape[2] < self.shape[0]
+        c = np.arange(self.shape[1] if channels_last else self.shape[2])
+        column = 5 * (c // 15) + 15 * (c % 15 == 14)
+        return np.broadcast_to(i + (column[None, :, None] if channels_last else column), self.shape).astype(np.uint8)
+
     def reset(self, seed=None, options=None):
         self.agents = list(self.possible_agents)
-        return {a: np.full((13, 11, 5), i, np.uint8) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
+        return {a: self.view(i) for i, a in enumerate(self.agents)}, {a: {} for a in self.agents}
 
 
 def test_the_stacked_state_is_read_channels_first_whatever_its_shape():
-    env = PettingZooEnv(NarrowViews())
+    env = PettingZooEnv(Views((13, 11, 5)))
     assert env.spec.state_shape == (20, 13, 11) and env.spec.state_channels_last is False
     ob = env.reset(seed=0)
     np.testing.assert_array_equal(ob.state[5 * 2:5 * 3], 2)          # agent 2's five planes
@@ -196,6 +203,16 @@ def test_the_stacked_state_is_read_channels_first_whatever_its_shape():
     pinned = _agent("MAPPO", group, env.spec.state_shape, np.uint8, env.spec.state_channels_last,
                     critic=ModelConfig(name="cnn", hidden_sizes=[16], kwargs={"channels_last": True}))
     assert pinned.modules["critic"].conv[0].in_channels == 11         # the user's kwargs win
+
+
+def test_the_default_state_of_large_frames_is_shrunk_by_whole_blocks():
+    """20 agents with (3, 120, 457) frames: the stacked state keeps every agent's channels but
+    averages 4 x 15 blocks (30 x 30 a view, 54,000 values a step instead of 3.3 million)."""
+    env = PettingZooEnv(Views((3, 120, 457), n=20))
+    assert env.spec.state_shape == (60, 30, 30) and env.spec.state_dtype == np.uint8
+    ob = env.reset(seed=0)
+    expected = 7 + 5 * np.arange(30) + 1      # agent 7: block k averages columns 15k .. 15k + 14
+    np.testing.assert_array_equal(ob.state[3 * 7:3 * 8], np.broadcast_to(expected, (3, 30, 30)))
 
 
 def test_default_state_falls_back_to_concatenation():

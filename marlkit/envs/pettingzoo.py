@@ -51,15 +51,25 @@ def import_factory(path: str) -> Callable:
     return fn
 
 
+STATE_SIDE = 32   # the default image state shrinks each view to at most this many pixels a side
+
+
+def state_factors(height: int, width: int) -> tuple[int, int]:
+    """Whole-number block sizes that bring an image to at most ``STATE_SIDE`` a side (1: as is)."""
+    return -(-height // STATE_SIDE), -(-width // STATE_SIDE)
+
+
 def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and kind of the global state of an env without ``state()``, built from the
     observations of all agent slots (groups in order, slots in order) -> (shape, dtype, stacked).
 
     ``auto``: when every observation is an image of the same height and width, the images stacked
     along the channel axis, channels first (``A`` agents of ``(13, 13, 5)`` -> ``(5 * A, 13, 13)``),
-    so a ``cnn`` critic can read them; otherwise (and with ``concat``) the observations flattened
-    and concatenated. Either way uint8 when every observation is uint8 (a quarter of float32's
-    bytes in every buffer; the model scales them), else float32.
+    so a ``cnn`` critic can read them; views larger than ``STATE_SIDE`` pixels a side are
+    shrunk by averaging whole blocks (20 agents of ``(120, 457, 3)`` -> ``(60, 30, 30)``, not 3.3
+    million values a step). Otherwise (and with ``concat``) the observations flattened and
+    concatenated. Either way uint8 when every observation is uint8 (a quarter of float32's bytes
+    in every buffer; the model scales them), else float32.
     """
     dtype = np.dtype(np.uint8 if all(s.dtype == np.uint8 for s in obs_spaces) else np.float32)
     shapes = [tuple(s.shape) for s in obs_spaces]
@@ -67,15 +77,24 @@ def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[t
     sides = {shape[:2] if is_channels_last(shape) else shape[1:] for shape in shapes if len(shape) == 3}
     if mode == "auto" and all(len(shape) == 3 for shape in shapes) and len(layouts) == 1 and len(sides) == 1:
         channels = sum(shape[2] if is_channels_last(shape) else shape[0] for shape in shapes)
-        return (channels, *sides.pop()), dtype, True
+        (h, w), = sides
+        fh, fw = state_factors(h, w)
+        return (channels, h // fh, w // fw), dtype, True
     return (int(sum(np.prod(shape) for shape in shapes)),), dtype, False
 
 
 def _channels_first(images: np.ndarray) -> np.ndarray:
-    """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` -> ``[A * C, H, W]``."""
+    """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` -> ``[A * C, h, w]``, shrunk to at most
+    ``STATE_SIDE`` a side by averaging whole blocks (the rows and columns left over are dropped)."""
     if is_channels_last(images.shape[1:]):
         images = images.transpose(0, 3, 1, 2)
-    return images.reshape(-1, *images.shape[2:])
+    images = images.reshape(-1, *images.shape[2:])
+    fh, fw = state_factors(*images.shape[1:])
+    if (fh, fw) == (1, 1):
+        return images
+    h, w = images.shape[1] // fh, images.shape[2] // fw
+    blocks = images[:, :h * fh, :w * fw].reshape(len(images), h, fh, w, fw).mean(axis=(2, 4), dtype=np.float32)
+    return (blocks + 0.5).astype(images.dtype) if np.issubdtype(images.dtype, np.integer) else blocks.astype(images.dtype)
 
 
 def _prefix(agent: str) -> str:
