@@ -374,15 +374,20 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
         args = [_cmdline(pid).split(b"\0") for pid in standin_pids(tag)]
         launched = sorted(int(a[a.index(b"--mlagents-port") + 1]) for a in args)
         assert launched == ports
+        # no_graphics (the default) launches the build headless, as Unity players take it
+        assert all(b"-nographics" in a and b"-batchmode" in a for a in args)
     finally:
         venv.close()
     assert standin_pids(tag) == []
-    # a fixed base_port: env i listens on base_port + worker_id + i
+    # a fixed base_port: env i listens on base_port + worker_id + i; with graphics, no headless flags
     base = free_base_port(3)
     venv = make_env_vector(UnityConfig(file_name=STANDIN, timeout_wait=20, base_port=base, worker_id=1,
-                                       additional_args=["--tag", tag]), RunnerConfig(parallels=2, vectorize="sync"))
+                                       no_graphics=False, additional_args=["--tag", tag]),
+                           RunnerConfig(parallels=2, vectorize="sync"))
     try:
         assert [env.port for env in venv.envs] == [base + 1, base + 2]
+        args = [_cmdline(pid).split(b"\0") for pid in standin_pids(tag)]
+        assert len(args) == 2 and not any(b"-nographics" in a or b"-batchmode" in a for a in args)
     finally:
         venv.close()
     assert standin_pids(tag) == []
