@@ -208,6 +208,27 @@ def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
         env.close()
 
 
+def test_the_kill_that_ends_an_episode_is_rewarded():
+    """basic.cfg's level ends when its one monster dies; ViZDoom has no state after the end, yet the
+    kill must reach the reward and the episode's stats."""
+    env = DoomCoopEnv(scenario="basic.cfg", players=2, respawn=False, buttons=["ATTACK", "MOVE_LEFT", "MOVE_RIGHT"],
+                      actions=[[], ["ATTACK"], ["MOVE_LEFT"], ["MOVE_RIGHT"]], episode_timeout=300)
+    rng = np.random.default_rng(0)
+    try:
+        for episode in range(30):
+            env.reset(seed=episode)
+            while env.agents:
+                _, rewards, term, _, infos = env.step({a: int(rng.integers(4)) for a in env.agents})
+            if all(term.values()):   # the monster died: the level ended
+                break
+        else:
+            pytest.fail("no episode of 30 ended with the kill")
+        assert {infos[a]["reward_shared"] for a in infos} == {1.0} and env.episode_stats()["kills"] == 1
+        assert all(rewards[a] >= 1.0 for a in rewards)
+    finally:
+        env.close()
+
+
 def test_four_players_end_their_episode_together_and_render_side_by_side():
     env = DoomCoopEnv(players=4, render_mode="rgb_array", **SHORT)
     try:

@@ -124,15 +124,20 @@ class _Player:
         self.screen = np.zeros(shape if s.grayscale else (3, *shape), np.uint8)
         self.variables = np.zeros(len(VARIABLES), np.float64)
         self.n_buttons = game.get_available_buttons_size()
+        import vizdoom as vzd
+        self.game_variables = [getattr(vzd.GameVariable, v) for v in VARIABLES]
 
     def observe(self) -> tuple:
         """(screen ``[H, W]`` gray or ``[3, H, W]`` RGB, variables, episode finished, time limit
-        reached); a finished episode has no state any more, so the last screen and variables are
-        repeated."""
+        reached). A finished episode has no state any more: its last screen is repeated, but the
+        variables are read one by one, which still gives their final values (the kill that ended
+        the episode, measured on basic.cfg, would otherwise be lost)."""
         state = self.game.get_state()
         if state is not None:
             self.screen = state.screen_buffer
             self.variables = np.asarray(state.game_variables, np.float64)
+        else:
+            self.variables = np.array([self.game.get_game_variable(v) for v in self.game_variables], np.float64)
         finished = self.game.is_episode_finished()
         return self.screen, self.variables, finished, finished and self.game.is_episode_timeout_reached()
 
