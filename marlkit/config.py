@@ -302,6 +302,16 @@ def load_env_yaml(path: str | Path, _seen: tuple = ()) -> dict:
     return deep_merge(load_env_yaml(base_path, _seen + (path.resolve(),)), data)
 
 
+def with_agent_section(data: dict, agent: str, path: Path) -> dict:
+    """An env YAML with its ``per_agent.<agent>`` settings merged in: settings of any section
+    (``runner`` too) that hold only when that agent runs, e.g. MAT's larger rollouts."""
+    per_agent = data.pop("per_agent", None) or {}
+    if not isinstance(per_agent, dict) or not all(isinstance(v, dict) for v in per_agent.values()):
+        raise ConfigError(f"{path}: per_agent: expected agent name -> settings, e.g. "
+                          f"{{MAT: {{runner: {{parallels: 64}}}}}}, got {per_agent!r}")
+    return deep_merge(data, per_agent.get(agent, {}))
+
+
 def available_envs() -> dict[str, str]:
     """Env name -> one-line description, for every YAML in ``marlkit/configs``."""
     return {p.stem: str(load_yaml(p).get("description", "")).strip() for p in sorted(CONFIG_DIR.glob("*.yaml"))}
@@ -373,7 +383,7 @@ def resolve(agent: str = "MAPPO", env: str = "mpe_spread", config_files: list[st
     get_agent(agent)
     env_path = env_yaml_path(env)
     top = {"agent": agent, "env_name": env_path.stem}
-    layers = [(str(env_path), load_env_yaml(env_path))]
+    layers = [(str(env_path), with_agent_section(load_env_yaml(env_path), agent, env_path))]
     layers += [(str(config_file_path(p)), load_yaml(config_file_path(p))) for p in config_files or []]
     layers.append(("", deep_merge(overrides or {}, {k: v for k, v in top_level.items() if v is not None})))
     merged: dict = {}

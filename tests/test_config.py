@@ -140,3 +140,16 @@ def test_a_bad_or_circular_base_names_the_file(tmp_path):
     (tmp_path / "c.yaml").write_text(yaml.safe_dump({"base": "mpe_spred"}))
     with pytest.raises(ConfigError, match="unknown env 'mpe_spred'.*mpe_spread"):
         build_config("MAPPO", str(tmp_path / "c.yaml"))
+
+
+def test_per_agent_settings_hold_only_for_their_agent(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {
+        "MAT": {"runner": {"parallels": 64}, "agents": {"MAT": {"clip": 0.05}}}}}))
+    mat = build_config("MAT", str(path))
+    assert mat.runner.parallels == 64 and mat.agents["MAT"].clip == 0.05
+    assert build_config("MAPPO", str(path)).runner.parallels == 16          # mpe_spread's own
+    assert build_config("MAT", str(path), **{"runner.parallels": 8}).runner.parallels == 8   # --set wins
+    path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {"MAT": 64}}))
+    with pytest.raises(ConfigError, match="mine.yaml: per_agent: expected agent name -> settings"):
+        build_config("MAT", str(path))

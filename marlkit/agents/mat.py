@@ -35,8 +35,8 @@ from marlkit.registry import register_agent
 @dataclass
 class MATConfig(OnPolicyConfig):
     """OnPolicyConfig (the PPO settings) plus the transformer's size; the defaults are the paper's
-    (its MPE runs also use ``clip: 0.05``, set in ``mpe_spread.yaml``). ``value_clip`` clips the
-    encoder's values as PPO's clip does the ratio."""
+    (its MPE runs also use ``clip: 0.05`` for ratio and value, set in ``mpe_spread.yaml`` with
+    64 envs per update). ``value_clip`` clips the encoder's values as PPO's clip does the ratio."""
 
     n_block: int = field(default=1, metadata={"min": 1})     # encoder blocks, and as many decoder blocks
     n_embd: int = field(default=64, metadata={"min": 1})     # embedding width of every token
