@@ -212,19 +212,26 @@ def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tm
 
 # -- an interrupt saves a consistent checkpoint ----------------------------------------------------------
 
+def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0):
+    """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment a file matching
+    ``started`` appears under ``root`` -> (exit code, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=cli_env())
+    deadline = time.monotonic() + 120
+    while not list(root.rglob(started)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(after)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig):
     root = tmp_path / "runs"
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--set", f"runner.run_root={root}",
-                             "runner.total_steps=100000000", "runner.save_interval=100000000", *TINY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    deadline = time.monotonic() + 120
-    while not list(root.rglob("config.yaml")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(2.0)   # some rollouts in
-    proc.send_signal(sig)
-    stdout, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
+                                "runner.save_interval=100000000", *TINY], root, "config.yaml", sig)   # some rollouts in
+    assert code == 130, stderr
     [run] = run_dirs(root)
     latest = run / "latest.pt"
     steps = read_steps(latest)
@@ -243,16 +250,9 @@ def test_ctrl_c_during_test_episodes_says_so_and_leaves_no_test_directory(tmp_pa
     out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "runner.save_interval=50", *TINY)
     assert out.returncode == 0, out.stderr
     [run] = run_dirs(root)
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--test", "--load", str(run / "latest.pt"),
-                             "--set", "runner.test_episodes=100000000", *TINY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
-    deadline = time.monotonic() + 120
-    while not list(root.rglob("*_test/config.yaml")) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(1.0)   # some episodes in
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 130, stderr
+    code, stderr = interrupted(["--test", "--load", str(run / "latest.pt"), "--set", "runner.test_episodes=100000000",
+                                *TINY], root, "*_test/config.yaml", after=1.0)   # some episodes in
+    assert code == 130, stderr
     assert "interrupted during the 100000000 test episodes" in stderr and "Traceback" not in stderr
     assert run_dirs(root) == [run]      # the test's own directory is gone, the run is untouched
 
