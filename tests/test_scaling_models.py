@@ -305,3 +305,14 @@ def test_mappo_trains_a_recurrent_cnn_policy_on_images(tmp_path):
         "runner.horizon": 12, "runner.total_steps": 48})
     assert result.steps == 48
     assert np.isfinite(result.metrics["red/policy_loss"]) and np.isfinite(result.metrics["blue/policy_loss"])
+
+
+def test_every_packaged_model_reads_uint8_pixels_as_values_in_0_1():
+    from marlkit.networks.rnn import GRU
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (3, 2, 5, 13, 13), dtype=torch.uint8)      # [L, B, C, H, W]
+    for model in (MLP((5, 13, 13), ModelConfig(layer_norm=False)), CNN((5, 13, 13), ModelConfig(hidden_sizes=[16])),
+                  GRU((5, 13, 13), ModelConfig(name="gru", layer_norm=False))):
+        scaled, _ = model(pixels.float() / 255.0)
+        raw, _ = model(pixels)
+        torch.testing.assert_close(raw, scaled)

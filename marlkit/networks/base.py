@@ -19,6 +19,11 @@ from torch import nn
 ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "elu": nn.ELU}
 
 
+def as_float(x: torch.Tensor) -> torch.Tensor:
+    """Model inputs as float32; uint8 pixels scaled to [0, 1]."""
+    return x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+
+
 def init_linear(layer: nn.Linear, gain: float = math.sqrt(2)) -> nn.Linear:
     nn.init.orthogonal_(layer.weight, gain)
     nn.init.zeros_(layer.bias)

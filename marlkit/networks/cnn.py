@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from marlkit.config import ConfigError, ModelConfig
-from marlkit.networks.base import ACTIVATIONS, Encoder, init_linear
+from marlkit.networks.base import ACTIVATIONS, Encoder, as_float, init_linear
 from marlkit.registry import register_model
 from marlkit.spec import is_channels_last
 
@@ -72,5 +72,5 @@ class CNN(Encoder):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+        x = as_float(x)
         return self.head(self.conv(x))

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from marlkit.config import ModelConfig
-from marlkit.networks.base import ACTIVATIONS, Encoder, init_linear
+from marlkit.networks.base import ACTIVATIONS, Encoder, as_float, init_linear
 from marlkit.registry import register_model
 
 
@@ -40,7 +40,7 @@ class MLP(Encoder):
         self._first = linear[0] if linear else None
 
     def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
-        x = x.reshape(x.shape[0], -1).float()
+        x = as_float(x.reshape(x.shape[0], -1))
         if not n_ids:
             return self.net(x)
         if self._first is None:   # no hidden layer: nothing to share

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from marlkit.config import ConfigError, ModelConfig
-from marlkit.networks.base import Encoder
+from marlkit.networks.base import Encoder, as_float
 from marlkit.networks.mlp import flat_size, mlp_layers
 from marlkit.registry import get_model, register_model
 
@@ -50,7 +50,7 @@ class GRU(Encoder):
     def forward(self, x, hidden=None, episode_start=None):
         length, batch = x.shape[:2]
         if self.flat:
-            z = self.mlp(x.reshape(length * batch, -1).float())
+            z = self.mlp(as_float(x.reshape(length * batch, -1)))
         else:
             z = self.encoder.encode(x.reshape(length * batch, *x.shape[2:]))
         z = z.reshape(length, batch, -1)
