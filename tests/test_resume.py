@@ -116,3 +116,25 @@ def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     assert [e["step"] for e in resumed.evaluations] == [0, 20, 40, 60, 80]
     report = __import__("json").loads((half.run_dir / "benchmark.json").read_text())
     assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]
+
+
+def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, tmp_path):
+    """The grid battle of benchmarks/scaling.py (pure Python, declared exact) with a frame stack: the
+    wrapper's frames pickle with the env, so a resumed run continues the very same episodes."""
+    import sys
+    import yaml
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    path = tmp_path / "battle.yaml"
+    path.write_text(yaml.safe_dump({"description": "grid battle", "env": {
+        "type": "pettingzoo", "factory": "scaling:make_env", "kwargs": {"n_agents": 4, "max_cycles": 30},
+        "groups": {"red": ["red_*"], "blue": ["blue_*"]}, "frame_stack": 2, "exact_resume": True}}))
+    settings = {**tiny, "runner.parallels": 2, "runner.horizon": 20, "agents.MAPPO.epochs": 2}
+    full = marlkit.run(agent="MAPPO", env=str(path), seed=3, **{**settings, "runner.total_steps": 160,
+                                                                 "runner.save_interval": 80})
+    half = marlkit.run(agent="MAPPO", env=str(path), seed=3, **{**settings, "runner.total_steps": 80,
+                                                                 "runner.save_interval": 80})
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 160})
+    assert resumed.steps == full.steps == 160 and resumed.episode_returns == full.episode_returns
+    for key, value in full.metrics.items():
+        if not key.startswith("perf/"):
+            assert resumed.metrics[key] == value, key

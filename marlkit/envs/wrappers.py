@@ -23,6 +23,11 @@ class EnvWrapper(MultiAgentEnv):
         self.env = env
         self.spec = env.spec
 
+    @property
+    def exact_resume(self) -> bool:
+        """The wrapped env's: a wrapper's own state (a frame stack) pickles with it."""
+        return self.env.exact_resume
+
     def observe(self, ob: Observation, first: bool) -> Observation:
         return ob
 
