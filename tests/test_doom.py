@@ -229,6 +229,20 @@ def test_the_kill_that_ends_an_episode_is_rewarded():
         env.close()
 
 
+def test_episodes_start_after_the_screen_wipe():
+    """A network game opens every episode with ZDoom's screen wipe, a mostly white screen for about
+    2 s; the first observation comes after it (episode_start_time)."""
+    brightness = {}
+    for start in (0, 70):
+        env = DoomCoopEnv(players=2, scenario="defend_the_center.cfg", episode_start_time=start, **SHORT)
+        try:
+            brightness[start] = [float(np.mean([o.mean() for o in env.reset(seed=e)[0].values()])) for e in range(2)]
+        finally:
+            env.close()
+    assert min(brightness[0]) > 150 and max(brightness[70]) < 110, brightness   # the map is grey, the wipe white
+    assert DoomConfig().episode_start_time == 70
+
+
 def test_four_players_end_their_episode_together_and_render_side_by_side():
     env = DoomCoopEnv(players=4, render_mode="rgb_array", **SHORT)
     try:

@@ -24,6 +24,8 @@ class DoomConfig(EnvConfig):
     grayscale: bool = True
     frame_skip: int = field(default=4, metadata=_range(1))    # tics per step, played 2 per barrier
     episode_timeout: Optional[int] = field(default=2100, metadata=_range(1))  # tics (35 per second)
+    episode_start_time: int = field(default=70, metadata=_range(0))  # tics before the first observation: a
+                                              # network game opens each episode with ZDoom's screen wipe
     respawn: bool = True                      # false: a dead player is out until the episode ends, which
                                               # it does when every player is dead (or at the timeout)
     buttons: list[str] = field(default_factory=lambda: list(DEFAULT_BUTTONS))

@@ -61,7 +61,8 @@ class DoomCoopEnv(ParallelEnv):
         settings = PlayerSettings(player=0, players=cfg.players, port=0, config=scenario, wad=wad, work_dir="",
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
-                                  respawn=cfg.respawn, host_args=list(cfg.host_args))
+                                  episode_start_time=cfg.episode_start_time, respawn=cfg.respawn,
+                                  host_args=list(cfg.host_args))
         self.match = DoomMatch(settings, name=f"env {index}",
                                port=None if cfg.port is None else cfg.port + index,
                                timeout=cfg.player_timeout, start_timeout=cfg.start_timeout)

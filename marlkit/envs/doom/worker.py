@@ -51,6 +51,7 @@ class PlayerSettings:
     doom_map: str | None = None
     skill: int | None = None
     episode_timeout: int | None = None
+    episode_start_time: int = 70      # tics played before an episode's first observation
     respawn: bool = True              # dead players come back (after 2 tics) or stay out of the episode
     host_args: list[str] = field(default_factory=list)
     join_args: list[str] = field(default_factory=list)
@@ -100,6 +101,7 @@ def build_game(s: PlayerSettings):
     game.set_available_game_variables([getattr(vzd.GameVariable, v) for v in VARIABLES])
     if s.episode_timeout is not None:
         game.set_episode_timeout(s.episode_timeout)
+    game.set_episode_start_time(s.episode_start_time)
     if s.player == 0:
         # Respawning through the engine: respawn_player() loops tics until the player is alive,
         # and those tics need the peers, who are waiting on us -> deadlock in lockstep.
