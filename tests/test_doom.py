@@ -137,7 +137,7 @@ def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart()
     dead = _vars(HEALTH=[-999900, 100], DEAD=[1, 0])
     player, _ = reward_parts(dead, _vars(HEALTH=[-999900, 100], DEAD=[1, 0]), w)
     np.testing.assert_array_equal(player, [0.0, 0.0])
-    assert player_stats(after[1], before[1])["deaths"] == 1 and player_stats(after[0], before[0])["damage"] == 10 - 10 + 30
+    assert player_stats(after[1], before[1])["deaths"] == 1 and player_stats(after[0], before[0])["damage"] == 30
 
 
 def test_rewards_in_a_real_game_add_up_to_the_game_variables():

@@ -165,8 +165,8 @@ def test_default_state_of_images_is_a_uint8_channel_stack():
 
 class Views(ParallelEnv):
     """``n`` agents with image views of ``shape``; agent i's pixel in column c holds
-    ``i + 5 * (c // 15)``, plus 15 in the last column of every 15, on every channel. Four (13, 11, 5) views stack channels-first to
-    (20, 13, 11), whose shortest side is not the channel axis."""
+    ``i + 5 * (c // 15)``, plus 15 in the last column of every 15, on every channel. Four (13, 11, 5)
+    views stack channels-first to (20, 13, 11), whose shortest side is not the channel axis."""
     metadata = {"name": "views"}
 
     def __init__(self, shape=(13, 11, 5), n=4):

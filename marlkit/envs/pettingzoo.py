@@ -21,6 +21,7 @@ from gymnasium import spaces
 from marlkit.config import ConfigError, EnvConfig
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.registry import register_env
+from marlkit.envs.wrappers import resize_images
 from marlkit.spec import is_channels_last
 
 
@@ -93,8 +94,7 @@ def _channels_first(images: np.ndarray) -> np.ndarray:
     if (fh, fw) == (1, 1):
         return images
     h, w = images.shape[1] // fh, images.shape[2] // fw
-    blocks = images[:, :h * fh, :w * fw].reshape(len(images), h, fh, w, fw).mean(axis=(2, 4), dtype=np.float32)
-    return (blocks + 0.5).astype(images.dtype) if np.issubdtype(images.dtype, np.integer) else blocks.astype(images.dtype)
+    return resize_images(images[:, :h * fh, :w * fw], (h, w))
 
 
 def _prefix(agent: str) -> str:

@@ -101,7 +101,8 @@ class DoomCoopEnv(ParallelEnv):
         out = {}
         for a in agents:
             i = self._index[a]
-            out[a] = {**player_stats(self._vars[i], self._start[i]), "reward_player": float(player[i]) if player is not None else 0.0,
+            out[a] = {**player_stats(self._vars[i], self._start[i]),
+                      "reward_player": float(player[i]) if player is not None else 0.0,
                       "reward_shared": shared, "restarts": self.restarts}
         return out
 
@@ -145,7 +146,8 @@ class DoomCoopEnv(ParallelEnv):
         self._vars = variables
         self._tics += self.cfg.frame_skip
         player, shared = reward_parts(before, variables, self.cfg.reward)
-        out = set() if self.cfg.respawn else {a for a in acting if died(before[self._index[a]], variables[self._index[a]])}
+        out = set() if self.cfg.respawn else \
+            {a for a in acting if died(before[self._index[a]], variables[self._index[a]])}
         rewards = {a: float(player[self._index[a]] + shared) for a in acting}
         terminations = {a: (finished and not time_up) or a in out for a in acting}
         truncations = {a: finished and time_up and a not in out for a in acting}
