@@ -3,10 +3,13 @@ return (mean over agents of the episode return, 32 episodes) at chosen step coun
 
     python benchmarks/learning.py --agents MAPPO IPPO --seeds 1 2 3 --steps 500000 \
         [--report-at 100000 500000] [--set runner.parallels=32 ...]
+    python benchmarks/learning.py --resume runs/learning/mpe_spread/MAT/<run> --report-at 500000 2000000
 
 Runs are sequential (the machine has 2 cores); writes benchmarks/results/learning_<tag>.json with,
 per run, the evaluations at the chosen steps and the whole evaluation curve
-(``benchmarks/learning_curves.py`` plots them).
+(``benchmarks/learning_curves.py`` plots them). ``--resume`` continues interrupted runs (the
+evaluations made before the interruption are in their checkpoints) instead of starting new ones.
+
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import statistics
 from pathlib import Path
 
 import marlkit
-from marlkit.config import parse_set
+from marlkit.config import load_yaml, parse_set
 
 
 def value_at(evaluations: list[dict], step: int, group: str) -> float | None:
@@ -37,26 +40,32 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--tag", default="")
     parser.add_argument("--run-root", default="runs/learning")
+    parser.add_argument("--resume", nargs="+", default=[], metavar="RUN_DIR",
+                        help="continue these interrupted runs instead of starting --agents x --seeds")
     args = parser.parse_args()
     report_at = args.report_at or [args.steps]
     overrides = parse_set(args.set)
     overrides = {**overrides, "runner": {**overrides.get("runner", {}), "total_steps": args.steps,
                                          "run_root": args.run_root, "progress": False}}
+    if args.resume:
+        jobs = [dict(resume=run_dir, mode="benchmark", **{"runner.progress": False}) for run_dir in args.resume]
+    else:
+        jobs = [dict(agent=agent, env="mpe_spread", mode="benchmark", seed=seed, logger="tensorboard", **overrides)
+                for agent in args.agents for seed in args.seeds]
     results = {}
-    for agent in args.agents:
-        results[agent] = []
-        for seed in args.seeds:
-            run = marlkit.run(agent=agent, env="mpe_spread", mode="benchmark", seed=seed, logger="tensorboard",
-                              **overrides)
-            group = next(iter(run.evaluations[0]["mean"]))
-            row = {"seed": seed, "run_dir": str(run.run_dir),
-                   "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
-                   "at": {str(s): value_at(run.evaluations, s, group) for s in report_at},
-                   "best": max(r["mean"][group] for r in run.evaluations),
-                   "curve": [[r["step"], r["mean"][group]] for r in run.evaluations]}
-            results[agent].append(row)
-            print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
-                  + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)
+    for job in jobs:
+        run = marlkit.run(**job)
+        saved = load_yaml(run.run_dir / "config.yaml")
+        agent, seed = saved["agent"], saved["seed"]
+        group = next(iter(run.evaluations[0]["mean"]))
+        row = {"seed": seed, "run_dir": str(run.run_dir),
+               "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
+               "at": {str(s): value_at(run.evaluations, s, group) for s in report_at},
+               "best": max(r["mean"][group] for r in run.evaluations),
+               "curve": [[r["step"], r["mean"][group]] for r in run.evaluations]}
+        results.setdefault(agent, []).append(row)
+        print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
+              + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)
     print(f"\n{'agent':<8}" + "".join(f"{f'@{s}':>22}" for s in report_at))
     summary = {}
     for agent, rows in results.items():
@@ -71,7 +80,9 @@ def main() -> None:
         print(f"{agent:<8}" + "".join(cells))
     out = Path(__file__).parent / "results" / f"learning{('_' + args.tag) if args.tag else ''}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"overrides": overrides, "summary": summary, "runs": results}, indent=2))
+    record = {"overrides": {} if args.resume else overrides, "resumed": args.resume,
+              "summary": summary, "runs": results}
+    out.write_text(json.dumps(record, indent=2))
     print(f"written {out}")
 
 
