@@ -1,12 +1,13 @@
 """All algorithms' learning on mpe_spread in one figure, from ``benchmarks/learning.py`` results.
 
     python benchmarks/learning_curves.py benchmarks/results/learning_*.json \
-        [--out docs/img/mpe_spread_learning_curves.png]
+        [--out docs/img/mpe_spread_learning_curves.png] [--table 500000 2000000]
 
 A run's whole evaluation curve comes from its result row (``curve``) or, for rows written before
 rows kept it, from the ``benchmark.json`` of its run directory; where neither is left, only the
 reported points (``at``) are drawn, as markers. Per agent and step: the mean over seeds, with the
-range of the seeds shaded.
+range of the seeds shaded. ``--table`` also prints a Markdown table of the evaluations at those
+steps: mean ± sample std over the seeds that reached the step, and each seed's value.
 """
 from __future__ import annotations
 
@@ -29,10 +30,36 @@ def run_curve(row: dict) -> tuple[list[tuple[int, float]], bool]:
     return sorted((int(s), float(v)) for s, v in row["at"].items() if v is not None), False
 
 
+def value_at(curve: dict[int, float], step: int) -> float | None:
+    """The last evaluation at or before ``step`` (2% slack for rollouts that overshoot it)."""
+    before = [s for s in curve if s <= step * 1.02]
+    return curve[max(before)] if before and max(before) >= step * 0.9 else None
+
+
+def markdown_table(by_agent: dict[str, dict[int, dict[int, float]]], steps: list[int]) -> str:
+    import statistics
+    lines = ["| agent | " + " | ".join(f"@{s:,}" for s in steps) + " |",
+             "| --- |" + " ---: |" * len(steps)]
+    for agent, seeds in sorted(by_agent.items()):
+        cells = []
+        for step in steps:
+            vals = {seed: value_at(curve, step) for seed, curve in sorted(seeds.items())}
+            vals = {seed: v for seed, v in vals.items() if v is not None}
+            if not vals:
+                cells.append("")
+                continue
+            spread = f" ± {statistics.stdev(vals.values()):.2f}" if len(vals) > 1 else ""
+            each = ", ".join(f"s{seed} {v:.2f}" for seed, v in vals.items())
+            cells.append(f"{statistics.mean(vals.values()):.2f}{spread} ({each})")
+        lines.append(f"| {agent} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("docs/img/mpe_spread_learning_curves.png"))
+    parser.add_argument("--table", nargs="+", type=int, default=[], metavar="STEP")
     args = parser.parse_args()
 
     # agent -> seed -> {step: return}; a seed measured in several files keeps every step it has.
@@ -44,6 +71,9 @@ def main() -> None:
                 points, is_whole = run_curve(row)
                 by_agent[agent][row["seed"]].update(points)
                 whole[agent] |= is_whole
+
+    if args.table:
+        print(markdown_table(by_agent, args.table))
 
     import matplotlib
     matplotlib.use("Agg")
