@@ -215,6 +215,10 @@ def test_the_kill_that_ends_an_episode_is_rewarded():
                       actions=[[], ["ATTACK"], ["MOVE_LEFT"], ["MOVE_RIGHT"]], episode_timeout=300)
     rng = np.random.default_rng(0)
     try:
+        env.reset(seed=100)   # an episode cut from outside (a step limit) while players are in it
+        env.step({a: 0 for a in env.agents})
+        assert env.agents and env.episode_stats() == {"kills": 0.0, "deaths": 0.0, "damage": 0.0, "hits": 0.0,
+                                                      "restarts": 0.0}
         for episode in range(30):
             env.reset(seed=episode)
             while env.agents:

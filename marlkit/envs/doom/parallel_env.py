@@ -163,9 +163,11 @@ class DoomCoopEnv(ParallelEnv):
     def episode_stats(self) -> dict[str, float]:
         """The team's numbers for the episode that just ended: monsters killed (the level's count),
         and deaths, damage dealt and hits summed over the players; plus the match restarts of
-        this env so far."""
-        players = self.last_episode.values()
-        return {"kills": float(self.last_episode["player_0"]["kills"]),
+        this env so far. An episode cut from outside (a wrapper's step limit) ends while players
+        are still in it: its numbers are the ones so far."""
+        last = self._stats_now() if self.agents else self.last_episode
+        players = last.values()
+        return {"kills": float(last["player_0"]["kills"]),
                 **{k: float(sum(p[k] for p in players)) for k in ("deaths", "damage", "hits")},
                 "restarts": float(self.restarts)}
 
