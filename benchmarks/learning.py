@@ -1,5 +1,5 @@
 """Learning curves on mpe_spread: ``--benchmark`` runs for each agent and seed, then the mean eval
-return (mean over agents of the episode return, 32 episodes) at chosen step counts.
+return (mean over agents of the episode return, runner.eval_episodes of mpe_spread.yaml) at chosen step counts.
 
     python benchmarks/learning.py --agents MAPPO IPPO --seeds 1 2 3 --steps 500000 \
         [--report-at 100000 500000] [--set runner.parallels=32 ...]
@@ -9,7 +9,6 @@ Runs are sequential (the machine has 2 cores); writes benchmarks/results/learnin
 per run, the evaluations at the chosen steps and the whole evaluation curve
 (``benchmarks/learning_curves.py`` plots them). ``--resume`` continues interrupted runs (the
 evaluations made before the interruption are in their checkpoints) instead of starting new ones.
-
 """
 from __future__ import annotations
 
@@ -21,14 +20,7 @@ from pathlib import Path
 import marlkit
 from marlkit.config import load_yaml, parse_set
 
-
-def value_at(evaluations: list[dict], step: int, group: str) -> float | None:
-    """The evaluation closest to ``step`` without going past it by more than one interval."""
-    best = None
-    for row in evaluations:
-        if row["step"] <= step * 1.02:
-            best = row["mean"][group]
-    return best
+from learning_curves import value_at
 
 
 def main() -> None:
@@ -43,6 +35,10 @@ def main() -> None:
     parser.add_argument("--resume", nargs="+", default=[], metavar="RUN_DIR",
                         help="continue these interrupted runs instead of starting --agents x --seeds")
     args = parser.parse_args()
+    given = [f"--{k.replace('_', '-')}" for k in ("agents", "seeds", "steps", "set", "run_root")
+             if getattr(args, k) != parser.get_default(k)]
+    if args.resume and given:
+        parser.error(f"--resume continues runs with their own settings; drop {', '.join(given)}")
     report_at = args.report_at or [args.steps]
     overrides = parse_set(args.set)
     overrides = {**overrides, "runner": {**overrides.get("runner", {}), "total_steps": args.steps,
@@ -58,11 +54,12 @@ def main() -> None:
         saved = load_yaml(run.run_dir / "config.yaml")
         agent, seed = saved["agent"], saved["seed"]
         group = next(iter(run.evaluations[0]["mean"]))
+        curve = {r["step"]: r["mean"][group] for r in run.evaluations}
         row = {"seed": seed, "run_dir": str(run.run_dir),
                "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
-               "at": {str(s): value_at(run.evaluations, s, group) for s in report_at},
+               "at": {str(s): value_at(curve, s) for s in report_at},
                "best": max(r["mean"][group] for r in run.evaluations),
-               "curve": [[r["step"], r["mean"][group]] for r in run.evaluations]}
+               "curve": [[s, v] for s, v in curve.items()]}
         results.setdefault(agent, []).append(row)
         print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
               + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)

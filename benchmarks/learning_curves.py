@@ -7,7 +7,7 @@ A run's whole evaluation curve comes from its result row (``curve``) or, for row
 rows kept it, from the ``benchmark.json`` of its run directory; where neither is left, only the
 reported points (``at``) are drawn, as markers. Per agent and step: the mean over seeds, with the
 range of the seeds shaded. ``--table`` also prints a Markdown table of the evaluations at those
-steps: mean ± sample std over the seeds that reached the step, and each seed's value.
+steps: mean ± sample std over the seeds evaluated near the step, and each seed's value.
 """
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def run_curve(row: dict) -> tuple[list[tuple[int, float]], bool]:
 
 
 def value_at(curve: dict[int, float], step: int) -> float | None:
-    """The last evaluation at or before ``step`` (2% slack for rollouts that overshoot it)."""
-    before = [s for s in curve if s <= step * 1.02]
-    return curve[max(before)] if before and max(before) >= step * 0.9 else None
+    """The evaluation nearest to ``step``, if one lies within 5% of it: runs with other rollout
+    sizes evaluate at other multiples (MAT's 1,600-step rollouts: 460,800 and 512,000 around 500k)."""
+    near = min(curve, key=lambda s: abs(s - step), default=None)
+    return curve[near] if near is not None and abs(near - step) <= 0.05 * step else None
 
 
 def markdown_table(by_agent: dict[str, dict[int, dict[int, float]]], steps: list[int]) -> str:

@@ -296,7 +296,12 @@ def load_env_yaml(path: str | Path, _seen: tuple = ()) -> dict:
         return data
     if not isinstance(base, str) or not base:
         raise ConfigError(f"{path}: base: expected an env name (doom_coop) or a YAML path, got {base!r}")
-    base_path = path.parent / base if base.endswith((".yaml", ".yml")) else env_yaml_path(base)
+    try:
+        base_path = path.parent / base if base.endswith((".yaml", ".yml")) else env_yaml_path(base)
+        if not base_path.is_file():
+            raise ConfigError(f"{str(base_path)!r} does not exist (a path is relative to this file)")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: base: {exc}") from None
     if base_path.resolve() in _seen + (path.resolve(),):
         raise ConfigError(f"{path}: base: {base!r} leads back to {path.name}; bases must not form a cycle")
     return deep_merge(load_env_yaml(base_path, _seen + (path.resolve(),)), data)
@@ -309,6 +314,11 @@ def with_agent_section(data: dict, agent: str, path: Path) -> dict:
     if not isinstance(per_agent, dict) or not all(isinstance(v, dict) for v in per_agent.values()):
         raise ConfigError(f"{path}: per_agent: expected agent name -> settings, e.g. "
                           f"{{MAT: {{runner: {{parallels: 64}}}}}}, got {per_agent!r}")
+    for name in per_agent:   # a misspelt agent would otherwise hold settings that never apply
+        try:
+            get_agent(name)
+        except KeyError as exc:
+            raise ConfigError(f"{path}: per_agent.{name}: {exc.args[0]}") from None
     return deep_merge(data, per_agent.get(agent, {}))
 
 

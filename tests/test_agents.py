@@ -87,6 +87,8 @@ def test_gru_policy_trains_on_chunks_and_resets_hidden_state(tiny):
     ({"agents.MAPPO.actor.name": "gru", "agents.MAPPO.chunk_length": 7},
      "agents.MAPPO.chunk_length=7 must divide runner.horizon=25"),
     ({"agents.MAPPO.actor.name": "grux"}, "agents.MAPPO.actor.name: unknown model 'grux' (did you mean 'gru'?)"),
+    ({"agents.MAPPO.critic.name": "gru", "agents.MAPPO.critic.kwargs.encoder": "cnnn"},
+     "agents.MAPPO.critic.kwargs.encoder: unknown model 'cnnn' (did you mean 'cnn'?)"),
     ({"agents.MAPPO.actor.name": "gru", "agents.MAPPO.critic.name": "gru", "agents.MAPPO.critic.rnn_hidden": 32},
      "agents.MAPPO: a recurrent actor and critic need the same rnn_hidden, got actor.rnn_hidden=64 and "
      "critic.rnn_hidden=32"),

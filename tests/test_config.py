@@ -142,6 +142,16 @@ def test_a_bad_or_circular_base_names_the_file(tmp_path):
         build_config("MAPPO", str(tmp_path / "c.yaml"))
 
 
+def test_a_bad_base_names_the_file_that_set_it(tmp_path):
+    path = tmp_path / "mine.yaml"
+    for base, says in (("mpe_sprad", "unknown env 'mpe_sprad' (did you mean 'mpe_spread'?)"),
+                       ("nothere.yaml", "nothere.yaml' does not exist (a path is relative to this file)")):
+        path.write_text(yaml.safe_dump({"base": base}))
+        with pytest.raises(ConfigError) as err:
+            build_config("MAPPO", str(path))
+        assert str(err.value).startswith(f"{path}: base: ") and says in str(err.value)
+
+
 def test_per_agent_settings_hold_only_for_their_agent(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {
@@ -153,3 +163,6 @@ def test_per_agent_settings_hold_only_for_their_agent(tmp_path):
     path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {"MAT": 64}}))
     with pytest.raises(ConfigError, match="mine.yaml: per_agent: expected agent name -> settings"):
         build_config("MAT", str(path))
+    path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {"MTA": {"runner": {"parallels": 64}}}}))
+    with pytest.raises(ConfigError, match=r"mine.yaml: per_agent.MTA: unknown agent 'MTA' \(did you mean 'MAT'"):
+        build_config("MAPPO", str(path))

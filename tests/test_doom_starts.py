@@ -46,6 +46,14 @@ def test_the_edited_wad_keeps_every_other_lump_byte_for_byte():
         with_starts(write_wad(original), "map07", 2, 64)
 
 
+def test_a_scenario_whose_map_is_not_a_wad_is_a_config_error(tmp_path):
+    (tmp_path / "mine.wad").write_text("not a wad")
+    (tmp_path / "mine.cfg").write_text("doom_scenario_path = mine.wad\n")
+    with pytest.raises(ConfigError, match=r"env.scenario: .*mine.wad .* is not a WAD file.*env.add_starts: false"):
+        scenario_with_starts(str(tmp_path / "mine.cfg"), None, 2, 64)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def first_positions(**options) -> np.ndarray:
     env = DoomCoopEnv(scenario="defend_the_center.cfg", players=3, episode_timeout=20,
                       buttons=["ATTACK", "TURN_LEFT", "TURN_RIGHT"], **options)

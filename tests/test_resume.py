@@ -1,4 +1,5 @@
 """Checkpoints: exact resume, atomic writes, mismatched checkpoints, the NaN guard."""
+import json
 import pickle
 from pathlib import Path
 
@@ -114,16 +115,15 @@ def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 80})
     assert resumed.mode == "benchmark"
     assert [e["step"] for e in resumed.evaluations] == [0, 20, 40, 60, 80]
-    report = __import__("json").loads((half.run_dir / "benchmark.json").read_text())
+    report = json.loads((half.run_dir / "benchmark.json").read_text())
     assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]
 
 
-def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, tmp_path):
+def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, tmp_path, monkeypatch):
     """The grid battle of benchmarks/scaling.py (pure Python, declared exact) with a frame stack: the
     wrapper's frames pickle with the env, so a resumed run continues the very same episodes."""
-    import sys
     import yaml
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
     path = tmp_path / "battle.yaml"
     path.write_text(yaml.safe_dump({"description": "grid battle", "env": {
         "type": "pettingzoo", "factory": "scaling:make_env", "kwargs": {"n_agents": 4, "max_cycles": 30},

@@ -217,13 +217,18 @@ def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, af
     ``started`` appears under ``root`` -> (exit code, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=cli_env())
-    deadline = time.monotonic() + 120
-    while not list(root.rglob(started)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    time.sleep(after)
-    proc.send_signal(sig)
-    _, stderr = proc.communicate(timeout=60)
-    return proc.returncode, stderr
+    try:
+        deadline = time.monotonic() + 120
+        while not list(root.rglob(started)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(after)
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+        return proc.returncode, stderr
+    finally:
+        if proc.poll() is None:   # a failed wait must not leave the training behind
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

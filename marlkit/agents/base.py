@@ -136,6 +136,13 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), x, 0.0).sum() / mask.sum().clamp(min=1.0)
 
 
+def _known_model(name: str, key: str):
+    try:
+        return get_model(name)
+    except UnknownNameError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
 class OnPolicyAgent(Agent):
     """Rollout collection, GAE and the minibatch update loop shared by on-policy algorithms.
 
@@ -175,10 +182,9 @@ class OnPolicyAgent(Agent):
         recurrent = []
         for role in ("actor", "critic"):
             model = getattr(cfg, role)
-            try:
-                model_cls = get_model(model.name)
-            except UnknownNameError as exc:
-                raise ConfigError(f"{key}.{role}.name: {exc}") from None
+            model_cls = _known_model(model.name, f"{key}.{role}.name")
+            if "encoder" in model.kwargs:   # a model built around another one (gru over cnn)
+                _known_model(model.kwargs["encoder"], f"{key}.{role}.kwargs.encoder")
             if model_cls.is_recurrent:
                 recurrent.append((role, model.rnn_hidden))
         if recurrent:

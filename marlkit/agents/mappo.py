@@ -45,13 +45,13 @@ class MAPPO(OnPolicyAgent):
         # that take it, unless the config sets it
         parts = self.group.obs_parts if per_agent else None
         said = {"channels_last": self.group.channels_last if per_agent else self.state_channels_last,
-                "images": [list(p) for p in parts if len(p) == 3] if parts else None}
-        fill = {k: said[k] for k in get_model(model.name).spec_kwargs
-                if said.get(k) is not None and k not in model.kwargs}
+                "images": [list(p) for p in parts if len(p) == 3] or None if parts else None}
+        model_cls = get_model(model.name)
+        fill = {k: said[k] for k in model_cls.spec_kwargs if said.get(k) is not None and k not in model.kwargs}
         if fill:
             model = replace(model, kwargs={**model.kwargs, **fill})
         try:
-            return get_model(model.name)(tuple(shape), model)
+            return model_cls(tuple(shape), model)
         except ConfigError as exc:
             raise ConfigError(f"agents.{self.registered_name}.{role}: {exc}") from None
 

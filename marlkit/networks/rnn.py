@@ -8,7 +8,7 @@ from torch import nn
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.base import Encoder, as_float
 from marlkit.networks.mlp import flat_size, mlp_layers
-from marlkit.registry import get_model, register_model
+from marlkit.registry import UnknownNameError, get_model, register_model
 
 
 @register_model("gru")
@@ -30,7 +30,10 @@ class GRU(Encoder):
         if self.flat:
             self.mlp, width = mlp_layers(flat_size(input_shape), cfg)
         else:
-            cls = get_model(name)
+            try:
+                cls = get_model(name)
+            except UnknownNameError as exc:
+                raise ConfigError(f"model 'gru': kwargs.encoder: {exc}") from None
             if cls.is_recurrent:
                 raise ConfigError(f"model 'gru': kwargs.encoder {name!r} is recurrent itself; name a feed-forward "
                                   "model such as 'mlp' or 'cnn'")

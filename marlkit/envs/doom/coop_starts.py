@@ -46,16 +46,17 @@ def scenario_wad(cfg_path: str) -> Path:
     """The WAD a scenario ``.cfg`` names (relative paths are relative to the cfg, as in vizdoom)."""
     name = read_cfg_value(cfg_path, "doom_scenario_path")
     if not name:
-        raise ConfigError(f"env.scenario: {cfg_path} names no doom_scenario_path (the map's .wad)")
+        raise ConfigError(f"env.scenario: {cfg_path} names no doom_scenario_path (the map's .wad); add "
+                          "one, or set env.add_starts: false")
     path = Path(name)
     return path if path.is_absolute() else Path(cfg_path).parent / path
 
 
 def read_wad(data: bytes) -> list[tuple[str, bytes]]:
     """The lumps of a WAD, in order, as (name, bytes)."""
-    ident, count, offset = struct.unpack_from("<4sii", data, 0)
-    if ident not in (b"PWAD", b"IWAD"):
-        raise ValueError("not a WAD file")
+    if data[:4] not in (b"PWAD", b"IWAD") or len(data) < 12:
+        raise ValueError("is not a WAD file (no PWAD or IWAD header)")
+    count, offset = struct.unpack_from("<ii", data, 4)
     lumps = []
     for i in range(count):
         pos, size, name = struct.unpack_from("<ii8s", data, offset + 16 * i)
@@ -82,10 +83,10 @@ def added_starts(textmap: str, players: int, spacing: float) -> str:
     players that lack their own start (``deathmatch.cfg`` has three player 1 starts)."""
     things = map_things(textmap)
     types = [int(float(t.get("type", "0"))) for t in things]
-    spots = [t for t, ty in zip(things, types) if ty in PLAYER_START_TYPES or ty == DEATHMATCH_START]
-    if len(spots) != 1 or types[things.index(spots[0])] != 1:
+    spots = [(t, ty) for t, ty in zip(things, types) if ty in PLAYER_START_TYPES or ty == DEATHMATCH_START]
+    if len(spots) != 1 or spots[0][1] != 1:
         return ""
-    first = spots[0]
+    first = spots[0][0]
     x0, y0 = float(first.get("x", 0)), float(first.get("y", 0))
     angle = int(float(first.get("angle", 0)))
     # Beside player 1, across its facing direction: left, right, further left, ...
@@ -100,14 +101,15 @@ def added_starts(textmap: str, players: int, spacing: float) -> str:
     return "".join(blocks)
 
 
-def with_starts(wad: bytes, doom_map: str, players: int, spacing: float) -> bytes | None:
+def with_starts(wad: bytes, doom_map: str, players: int, spacing: float,
+                map_from: str = "env.doom_map") -> bytes | None:
     """``wad`` with the missing starts added to ``doom_map``; None when nothing is missing or the
-    map is not UDMF."""
+    map is not UDMF. ``map_from`` says where the map's name came from, for the error."""
     lumps = read_wad(wad)
     names = [n.upper() for n, _ in lumps]
     if doom_map.upper() not in names:
         maps = [n for n in names if _MAP_NAME.fullmatch(n)]
-        raise ConfigError(f"env.doom_map: the scenario's WAD has no map {doom_map!r} (it has {', '.join(maps)})")
+        raise ConfigError(f"{map_from}: the scenario's WAD has no map {doom_map!r} (it has {', '.join(maps)})")
     at = names.index(doom_map.upper()) + 1
     if at >= len(lumps) or names[at] != "TEXTMAP":
         return None
@@ -125,9 +127,15 @@ def scenario_with_starts(cfg_path: str, doom_map: str | None, players: int, spac
     nothing accumulates."""
     wad_path = scenario_wad(cfg_path)
     if not wad_path.is_file():
-        raise ConfigError(f"env.scenario: {cfg_path} names {wad_path}, which does not exist")
+        raise ConfigError(f"env.scenario: {cfg_path} names {wad_path}, which does not exist; "
+                          "put the .wad there or fix doom_scenario_path in the .cfg")
+    map_from = "env.doom_map" if doom_map else f"doom_map of {cfg_path}"
     doom_map = doom_map or read_cfg_value(cfg_path, "doom_map") or "map01"
-    patched = with_starts(wad_path.read_bytes(), doom_map, players, spacing)
+    try:
+        patched = with_starts(wad_path.read_bytes(), doom_map, players, spacing, map_from)
+    except ValueError as exc:   # not a WAD
+        raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts: false "
+                          "to give it to the engine as it is") from None
     if patched is None:
         return None
     cache = Path(tempfile.gettempdir()) / f"marlkit-doom-{os.getuid()}"
@@ -135,7 +143,11 @@ def scenario_with_starts(cfg_path: str, doom_map: str | None, players: int, spac
     target = cache / f"{wad_path.stem}-{hashlib.sha1(patched).hexdigest()[:12]}.wad"
     if not target.is_file():
         fd, tmp = tempfile.mkstemp(dir=cache, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(patched)
-        os.replace(tmp, target)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(patched)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return str(target)

@@ -146,8 +146,8 @@ class DoomCoopEnv(ParallelEnv):
         self._vars = variables
         self._tics += self.cfg.frame_skip
         player, shared = reward_parts(before, variables, self.cfg.reward)
-        out = set() if self.cfg.respawn else \
-            {a for a in acting if died(before[self._index[a]], variables[self._index[a]])}
+        dead_now = died(before, variables)
+        out = set() if self.cfg.respawn else {a for a in acting if dead_now[self._index[a]]}
         rewards = {a: float(player[self._index[a]] + shared) for a in acting}
         terminations = {a: (finished and not time_up) or a in out for a in acting}
         truncations = {a: finished and time_up and a not in out for a in acting}

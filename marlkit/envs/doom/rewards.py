@@ -43,9 +43,11 @@ def player_stats(v: np.ndarray, start: np.ndarray) -> dict[str, float]:
             "dead": bool(v[_I["DEAD"]])}
 
 
-def died(before: np.ndarray, after: np.ndarray) -> bool:
-    """Whether a player (its game variables around one step) died in that step."""
-    return bool(after[_I["DEATHCOUNT"]] > before[_I["DEATHCOUNT"]] or (after[_I["DEAD"]] and not before[_I["DEAD"]]))
+def died(before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Whether players (their game variables ``[..., len(VARIABLES)]`` around one step) died in
+    that step, ``[...]`` bool."""
+    return ((after[..., _I["DEATHCOUNT"]] > before[..., _I["DEATHCOUNT"]])
+            | ((after[..., _I["DEAD"]] != 0) & (before[..., _I["DEAD"]] == 0)))
 
 
 def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tuple[np.ndarray, float]:
@@ -53,8 +55,7 @@ def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tup
     step. Returns (per-player part ``[N]``, shared part). Health and ammo jump back to their start
     values on respawn, so their changes count only while the player stays alive through the step."""
     d = after - before
-    died = d[:, _I["DEATHCOUNT"]] > 0
-    alive = (before[:, _I["DEAD"]] == 0) & (after[:, _I["DEAD"]] == 0) & ~died
+    alive = (before[:, _I["DEAD"]] == 0) & (after[:, _I["DEAD"]] == 0) & ~died(before, after)
     # HEALTH has been seen to read -999900 for a dead player; clip before taking the change.
     health = np.clip(after[:, _I["HEALTH"]], 0, 200) - np.clip(before[:, _I["HEALTH"]], 0, 200)
     ammo = after[:, AMMO].sum(1) - before[:, AMMO].sum(1)

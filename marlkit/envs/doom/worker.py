@@ -98,7 +98,7 @@ def build_game(s: PlayerSettings):
     game.set_screen_format(vzd.ScreenFormat.GRAY8 if s.grayscale else vzd.ScreenFormat.CRCGCB)
     if s.buttons:
         game.set_available_buttons([getattr(vzd.Button, b) for b in s.buttons])
-    game.set_available_game_variables([getattr(vzd.GameVariable, v) for v in VARIABLES])
+    game.set_available_game_variables(game_variables(vzd))
     if s.episode_timeout is not None:
         game.set_episode_timeout(s.episode_timeout)
     game.set_episode_start_time(s.episode_start_time)
@@ -119,6 +119,11 @@ def build_game(s: PlayerSettings):
     return game
 
 
+def game_variables(vzd) -> list:
+    """The ``vizdoom.GameVariable`` of each name in ``VARIABLES``, in that order."""
+    return [getattr(vzd.GameVariable, v) for v in VARIABLES]
+
+
 class _Player:
     def __init__(self, game, s: PlayerSettings, barrier):
         self.game, self.s, self.barrier = game, s, barrier
@@ -127,7 +132,7 @@ class _Player:
         self.variables = np.zeros(len(VARIABLES), np.float64)
         self.n_buttons = game.get_available_buttons_size()
         import vizdoom as vzd
-        self.game_variables = [getattr(vzd.GameVariable, v) for v in VARIABLES]
+        self.game_variables = game_variables(vzd)
 
     def observe(self) -> tuple:
         """(screen ``[H, W]`` gray or ``[3, H, W]`` RGB, variables, episode finished, time limit
