@@ -84,11 +84,18 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for agent, seeds in sorted(by_agent.items()):
         steps = sorted({s for curve in seeds.values() for s in curve})
-        at_step = [[curve[s] for curve in seeds.values() if s in curve] for s in steps]
+        # seeds evaluated on different grids (other rollout sizes, other run lengths) are read
+        # at every step by linear interpolation, within the steps each seed covers
+        ordered = [sorted(curve.items()) for curve in seeds.values()]
+        at_step = [[float(np.interp(s, [x for x, _ in c], [y for _, y in c])) for c in ordered
+                    if c[0][0] <= s <= c[-1][0]] for s in steps]
         mean = [np.mean(vals) for vals in at_step]
         low = [min(vals) for vals in at_step]
         high = [max(vals) for vals in at_step]
+        counts = [len(vals) for vals in at_step]
         label = f"{agent} ({len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+        if min(counts) < len(seeds):   # seeds run for fewer steps than the longest one
+            label += f" to {max(s for s, n in zip(steps, counts) if n == len(seeds)):,}, {counts[-1]} beyond"
         label += ")" if whole[agent] else ", reported points only)"
         line, = ax.plot(steps, mean, "-" if whole[agent] else "o--", label=label)
         ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.15)
