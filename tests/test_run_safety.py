@@ -215,15 +215,21 @@ def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tm
 def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0):
     """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment a file matching
     ``started`` appears under ``root`` -> (exit code, stderr)."""
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=cli_env())
+    # faulthandler: a process that does not stop is made to print every thread's stack (SIGABRT)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "marlkit", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env())
     try:
         deadline = time.monotonic() + 120
         while not list(root.rglob(started)) and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(after)
         proc.send_signal(sig)
-        _, stderr = proc.communicate(timeout=60)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, stderr = proc.communicate(timeout=30)
+            pytest.fail(f"marlkit did not stop within 60 s of signal {sig}; its stacks:\n{stderr[-6000:]}")
         return proc.returncode, stderr
     finally:
         if proc.poll() is None:   # a failed wait must not leave the training behind
