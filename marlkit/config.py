@@ -108,6 +108,10 @@ class RunnerConfig:
     # groups (right for cooperative groups; name one group in competitive envs).
     best_metric: Optional[str] = None
 
+    def test_envs(self, render: bool) -> int:
+        """Envs of ``--test``: one when recording (a video follows env 0), else up to one per episode."""
+        return 1 if render else min(self.eval_parallels, self.test_episodes)
+
 
 @dataclass
 class GroupConfig:

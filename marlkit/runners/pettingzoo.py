@@ -481,8 +481,7 @@ class Runner:
         with _terminate_as_interrupt():
             try:
                 render = cfg.render
-                self.venv = self._make_venv(1 if render else min(rc.eval_parallels, rc.test_episodes),
-                                            render=render, vectorize="sync")
+                self.venv = self._make_venv(rc.test_envs(render), render=render, vectorize="sync")
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
                 self._open_run_dir()
                 fps = rc.video_fps or self.venv.spec.render_fps

@@ -216,7 +216,7 @@ class UnityEnv(MultiAgentEnv):
                               "env.file_name at a build, or train without --benchmark")
         rc = cfg.runner
         key, used = ("runner.parallels", rc.parallels) if cfg.mode != "test" else \
-            ("runner.eval_parallels", 1 if cfg.render else min(rc.eval_parallels, rc.test_episodes))
+            ("runner.eval_parallels", rc.test_envs(cfg.render))
         if used > 1:
             raise ConfigError(f"env.file_name is null, so the env is the Unity Editor, which is one scene, but "
                               f"{key} is {used}: set {key}=1, or point env.file_name at a build")
