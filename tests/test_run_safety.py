@@ -214,10 +214,13 @@ def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tm
 
 def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0):
     """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment a file matching
-    ``started`` appears under ``root`` -> (exit code, stderr)."""
+    ``started`` appears under ``root`` -> (exit code, stderr). marlkit starts with SIGINT ignored, as
+    a non-interactive shell starts a background job (a script's ``&``, CI under make): it must stop
+    on the signal all the same."""
     # faulthandler: a process that does not stop is made to print every thread's stack (SIGABRT)
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "marlkit", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=cli_env())
+                            stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         while not list(root.rglob(started)) and time.monotonic() < deadline:

@@ -47,19 +47,24 @@ class RunResult:
 
 @contextmanager
 def _terminate_as_interrupt():
-    """SIGTERM unwinds like Ctrl+C, so env workers and game processes are closed on the way out."""
+    """SIGTERM unwinds like Ctrl+C, so env workers and game processes are closed on the way out.
+    SIGINT is set to raise as well: a process started in the background by a non-interactive shell
+    (a script's ``marlkit ... &``, a CI job under make) inherits SIGINT ignored, and Python then
+    installs no Ctrl+C handler; a run must stop on SIGINT however it was started, as training does."""
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
+        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handler),
+                    signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, old in previous.items():
+            signal.signal(signum, old)
 
 
 class _StopRequest:
