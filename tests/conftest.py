@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))   # the grid battle of scaling.py
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -20,6 +21,17 @@ def write_env_yaml(path: Path, factory: str, kwargs: dict | None = None, **secti
             data[key] = value
     path.write_text(yaml.safe_dump(data))
     return str(path)
+
+
+@pytest.fixture
+def battle_yaml(tmp_path):
+    """The grid battle of ``benchmarks/scaling.py`` (teams ``red``, ``blue``; image views, agents
+    dying) as an env YAML; keyword arguments add keys to its ``env`` section."""
+    def make(n_agents: int = 4, max_cycles: int = 12, **env) -> str:
+        return write_env_yaml(tmp_path / "battle.yaml", "scaling:make_env",
+                              {"n_agents": n_agents, "max_cycles": max_cycles},
+                              env={"groups": {"red": ["red_*"], "blue": ["blue_*"]}, **env})
+    return make
 
 
 @pytest.fixture

@@ -119,15 +119,10 @@ def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]
 
 
-def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, tmp_path, monkeypatch):
+def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, battle_yaml):
     """The grid battle of benchmarks/scaling.py (pure Python, declared exact) with a frame stack: the
     wrapper's frames pickle with the env, so a resumed run continues the very same episodes."""
-    import yaml
-    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
-    path = tmp_path / "battle.yaml"
-    path.write_text(yaml.safe_dump({"description": "grid battle", "env": {
-        "type": "pettingzoo", "factory": "scaling:make_env", "kwargs": {"n_agents": 4, "max_cycles": 30},
-        "groups": {"red": ["red_*"], "blue": ["blue_*"]}, "frame_stack": 2, "exact_resume": True}}))
+    path = battle_yaml(max_cycles=30, frame_stack=2, exact_resume=True)
     settings = {**tiny, "runner.parallels": 2, "runner.horizon": 20, "agents.MAPPO.epochs": 2}
     full = marlkit.run(agent="MAPPO", env=str(path), seed=3, **{**settings, "runner.total_steps": 160,
                                                                  "runner.save_interval": 80})

@@ -1,7 +1,5 @@
 """Observations of any shape, image critics and the default global state: what many agents with
 small images need (the synthetic grid battle of ``benchmarks/scaling.py`` is the env)."""
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,18 +21,9 @@ from marlkit.registry import get_agent
 from marlkit.spec import GroupSpec
 from toy_envs import ScriptedEnv
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
-from scaling import make_env  # noqa: E402
+from scaling import make_env
 
 TEAMS = {"red": ["red_*"], "blue": ["blue_*"]}
-
-
-def _battle_yaml(tmp_path, n_agents=4, **env):
-    path = tmp_path / "battle.yaml"
-    path.write_text(yaml.safe_dump({"description": "grid battle", "env": {
-        "type": "pettingzoo", "factory": "scaling:make_env", "kwargs": {"n_agents": n_agents, "max_cycles": 12},
-        "groups": TEAMS, **env}}))
-    return str(path)
 
 
 def _group(obs_shape, n_agents=3, dtype=np.float32, n_actions=4):
@@ -239,8 +228,8 @@ def test_slot_of_an_agent_that_died_this_step_holds_its_last_observation_then_ze
     assert not ob.obs["agents"][1].any() and not ob.state.reshape(3, 4)[1].any()
 
 
-def test_ippo_stores_no_state_and_mappo_stores_the_uint8_stack(tmp_path):
-    cfg = build_config("MAPPO", _battle_yaml(tmp_path), **{"runner.parallels": 2})
+def test_ippo_stores_no_state_and_mappo_stores_the_uint8_stack(battle_yaml):
+    cfg = build_config("MAPPO", battle_yaml(), **{"runner.parallels": 2})
     venv = make_env_vector(cfg.env, cfg.runner)
     try:
         spec = venv.spec
@@ -268,8 +257,8 @@ def test_mappo_cnn_critic_encodes_the_image_state_once_per_env_step(tmp_path):
     assert all(shape[-1] == 2 * 4 or shape == (1, 2) for shape in batches)     # [L, B] of env steps
 
 
-def test_mappo_trains_on_the_grid_battle_with_cnn_models(tmp_path):
-    result = marlkit.run(agent="MAPPO", env=_battle_yaml(tmp_path), logger="none", **{
+def test_mappo_trains_on_the_grid_battle_with_cnn_models(tmp_path, battle_yaml):
+    result = marlkit.run(agent="MAPPO", env=battle_yaml(), logger="none", **{
         "agents.MAPPO.actor": {"name": "cnn", "hidden_sizes": [32]},
         "agents.MAPPO.critic": {"name": "cnn", "hidden_sizes": [32]}, "agents.MAPPO.epochs": 2,
         "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 2,
@@ -297,8 +286,8 @@ def test_gru_over_a_cnn_takes_pixels_and_resets_where_episodes_start():
         GRU((4, 30, 40), ModelConfig(name="gru", kwargs={"encoder": "gru"}))
 
 
-def test_mappo_trains_a_recurrent_cnn_policy_on_images(tmp_path):
-    result = marlkit.run(agent="MAPPO", env=_battle_yaml(tmp_path), logger="none", **{
+def test_mappo_trains_a_recurrent_cnn_policy_on_images(tmp_path, battle_yaml):
+    result = marlkit.run(agent="MAPPO", env=battle_yaml(), logger="none", **{
         "agents.MAPPO.actor": {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 16, "kwargs": {"encoder": "cnn"}},
         "agents.MAPPO.epochs": 2, "agents.MAPPO.chunk_length": 6,
         "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 2,
