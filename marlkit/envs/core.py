@@ -59,7 +59,8 @@ class Observation:
 class StepResult:
     """One vector step. ``final`` holds, where ``episode_end`` is True, the last observation of the
     finished episode (needed to bootstrap truncated episodes); ``next`` is already the first
-    observation of the new episode there. Likewise for single agents where ``agent_end`` is True."""
+    observation of the new episode there. Likewise for single agents where ``agent_end`` is True.
+    When nothing ended, ``final`` is ``next`` itself (the same arrays): read both, write neither."""
 
     next: Observation
     reward: dict[str, np.ndarray]

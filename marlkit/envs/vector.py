@@ -14,6 +14,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
 import time
 import traceback
@@ -52,6 +53,7 @@ class _Arrays:
         for g, (shape, dtype) in action_shapes.items():
             layout[f"action.{g}"] = np.zeros(batch + shape, dtype)
         layout["episode_end"] = np.zeros(batch, bool)
+        layout["any_end"] = np.zeros(batch, bool)   # the env's episode or an agent's ended
         self.spec = spec
         self.meta = {k: (v.shape, v.dtype.str) for k, v in layout.items()}
         self.shm: list[shared_memory.SharedMemory] = []
@@ -92,6 +94,7 @@ class _Arrays:
             a[f"truncated.{g}"][e] = truncated[g]
             a[f"agent_end.{g}"][e] = (terminated[g] | truncated[g]) if restart is not None else False
         a["episode_end"][e] = done
+        a["any_end"][e] = done or restart is not None
 
     def actions(self, e: int) -> dict[str, np.ndarray]:
         return {g: self.a[f"action.{g}"][e] for g in self.spec.groups}
@@ -183,26 +186,38 @@ class EpisodeStats:
         self.length = np.zeros(num_envs, np.int64)
         self.agent_length = group_arrays(spec, np.int64, (num_envs,))
 
-    def update(self, acting_mask: dict, reward: dict, episode_end: np.ndarray,
-               agent_end: dict | None = None) -> list[dict]:
+    def add(self, acting_mask: dict, reward: dict) -> None:
+        """One step's rewards. Every reward counts, also one that reaches an agent between two of
+        its decisions (Unity); an agent that does not act and gets no reward adds 0."""
         self.length += 1
-        for g in self.returns:
-            # a reward may reach an agent between two of its decisions (Unity): it still counts
-            self.returns[g] += np.where(acting_mask[g] | (reward[g] != 0), reward[g], 0.0)
+        for g, returns in self.returns.items():
+            returns += reward[g]
             self.seen[g] |= acting_mask[g]
             self.agent_length[g] += 1
+
+    def ended(self, episode_end: np.ndarray, agent_end: dict) -> list[dict]:
+        """Per env, ``{"episode": {"return": {group: ...}, "length": ...}}`` for an episode that
+        ended this step (the env's, or single agents'), else ``{}``; the ended returns restart."""
         infos: list[dict] = [{} for _ in range(len(episode_end))]
-        if agent_end is not None:
-            for e in np.flatnonzero(~episode_end & np.any([m.any(-1) for m in agent_end.values()], 0)):
-                ended = {g: m[e] for g, m in agent_end.items() if m[e].any()}
-                infos[e]["episode"] = {
-                    "return": {g: float(self.returns[g][e][m].mean()) for g, m in ended.items()},
-                    "length": int(np.mean(np.concatenate([self.agent_length[g][e][m] for g, m in ended.items()]))),
-                }
-                for g, m in ended.items():
-                    self.returns[g][e][m] = 0.0
-                    self.seen[g][e][m] = False
-                    self.agent_length[g][e][m] = 0
+        if any(m.any() for m in agent_end.values()):
+            self._agents_ended(infos, episode_end, agent_end)
+        if episode_end.any():
+            self._envs_ended(infos, episode_end)
+        return infos
+
+    def _agents_ended(self, infos: list[dict], episode_end: np.ndarray, agent_end: dict) -> None:
+        for e in np.flatnonzero(~episode_end & np.any([m.any(-1) for m in agent_end.values()], 0)):
+            ended = {g: m[e] for g, m in agent_end.items() if m[e].any()}
+            infos[e]["episode"] = {
+                "return": {g: float(self.returns[g][e][m].mean()) for g, m in ended.items()},
+                "length": int(np.mean(np.concatenate([self.agent_length[g][e][m] for g, m in ended.items()]))),
+            }
+            for g, m in ended.items():
+                self.returns[g][e][m] = 0.0
+                self.seen[g][e][m] = False
+                self.agent_length[g][e][m] = 0
+
+    def _envs_ended(self, infos: list[dict], episode_end: np.ndarray) -> None:
         for e in np.flatnonzero(episode_end):
             infos[e]["episode"] = {
                 "return": {g: float(self.returns[g][e][self.seen[g][e]].mean()) if self.seen[g][e].any() else 0.0
@@ -214,7 +229,6 @@ class EpisodeStats:
                 self.seen[g][e] = False
                 self.agent_length[g][e] = 0
             self.length[e] = 0
-        return infos
 
 
 class VectorEnv:
@@ -229,13 +243,18 @@ class VectorEnv:
         reward = arrays.group("reward")
         episode_end = arrays.a["episode_end"].copy()
         agent_end = arrays.group("agent_end")
-        infos = self.stats.update(self._acting, reward, episode_end, agent_end)
+        next_ob = arrays.observation("next")
+        self.stats.add(self._acting, reward)
+        # on most steps nothing ends: no episode bookkeeping, and the final observation is the next one
+        if arrays.a["any_end"].any():
+            infos, final = self.stats.ended(episode_end, agent_end), arrays.observation("final")
+        else:
+            infos, final = [{} for _ in range(self.num_envs)], next_ob
         for e, stats in env_stats.items():
             if stats:
                 infos[e]["episode"]["stats"] = stats
-        result = StepResult(arrays.observation("next"), reward, arrays.group("terminated"),
-                            arrays.group("truncated"), episode_end, arrays.observation("final"), infos,
-                            agent_end)
+        result = StepResult(next_ob, reward, arrays.group("terminated"), arrays.group("truncated"), episode_end,
+                            final, infos, agent_end)
         self._acting = result.next.agent_mask
         return result
 
@@ -465,7 +484,7 @@ class SubprocVectorEnv(VectorEnv):
         chunks = np.array_split(np.arange(self.num_envs), num_workers)
         self.indices = [c.tolist() for c in chunks]
         ctx = mp.get_context(start_method)
-        self.conns, self.procs, self.busy = [], [], []
+        self.conns, self.procs, self.busy, self.pollers = [], [], [], []
         _LIVE.add(self)
         try:
             for idx in self.indices:
@@ -476,6 +495,11 @@ class SubprocVectorEnv(VectorEnv):
                                    name=f"marlkit-env-{idx[0]}-{idx[-1]}")
                 proc.start()
                 child.close()
+                # one poll object per pipe: Connection.poll builds a selector per call, which costs
+                # as much as the rest of a small env's step round trip
+                poller = select.poll()
+                poller.register(parent.fileno(), select.POLLIN)
+                self.pollers.append(poller)
                 self.conns.append(parent)
                 self.procs.append(proc)
             specs = self._gather(range(num_workers), "creating the env", start_timeout)
@@ -503,10 +527,10 @@ class SubprocVectorEnv(VectorEnv):
         return EnvWorkerError(f"{self._culprit(w)} died with exit code {self.procs[w].exitcode} while {what}")
 
     def _receive(self, w: int, what: str, timeout: float | None = None):
-        conn, proc = self.conns[w], self.procs[w]
+        conn, proc, poller = self.conns[w], self.procs[w], self.pollers[w]
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        while not conn.poll(0.05):
+        while not poller.poll(50):   # also wakes when the worker's end closes; recv then says EOF
             if not proc.is_alive() and not conn.poll(0):
                 raise self._died(w, what)
             if time.monotonic() > deadline:
@@ -531,9 +555,10 @@ class SubprocVectorEnv(VectorEnv):
             raise
 
     def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
+        same = pickle.dumps((cmd, arg), pickle.HIGHEST_PROTOCOL) if per_worker is None else None
         for w, conn in enumerate(self.conns):
             try:
-                conn.send((cmd, per_worker[w] if per_worker is not None else arg))
+                conn.send_bytes(same if same is not None else pickle.dumps((cmd, per_worker[w]), pickle.HIGHEST_PROTOCOL))
             except (BrokenPipeError, OSError):
                 self._gather([w], f"sending {cmd!r}")
                 raise EnvWorkerError(f"the worker of {self._describe(w)} is gone (sending {cmd!r})")
