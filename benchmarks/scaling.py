@@ -8,7 +8,10 @@ For every N, measured alternately in one process: env-steps/s and agent-steps/s 
 the dead ones not counted) of raw stepping (the bare ParallelEnv, and marlkit's vector env with
 random actions) and of MAPPO training with the default config (the env has no ``state()``, so the
 critic reads the default global state), then a cProfile of a short training run: its top entries
-by own time. Writes benchmarks/results/scaling[_NAME].json.
+by own time, and the compute ceiling: the matrix arithmetic of a short training run (torch's
+FlopCounterMode: matmuls and convolutions, forward and backward) per agent step, against this
+machine's best matmul rate on all its cores, gives the most agent-steps/s any implementation of
+that update could reach here. Writes benchmarks/results/scaling[_NAME].json.
 
 The env is cheap per agent and linear in N: layer maps are built once per step, every agent's view
 is a slice of them, and attacks look up a grid of agent indices.
@@ -236,6 +239,36 @@ def train(yaml_path: str, overrides: dict, steps: int, profile: cProfile.Profile
     return {"env_steps_per_s": rate, "agent_steps_per_s": counter.count / seconds, "seconds": seconds}
 
 
+def train_flops(yaml_path: str, overrides: dict, steps: int) -> float:
+    """Matmul and convolution FLOPs per env step of a training run (acting and updates). Per env
+    step, not per acting agent: the networks run over every agent slot, alive or not, so the
+    count does not depend on how many agents a short run happens to keep alive."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        run = train(yaml_path, overrides, steps)
+    return counter.get_total_flops() / (run["env_steps_per_s"] * run["seconds"])
+
+
+def matmul_peak() -> float:
+    """The best FLOP/s of a square float32 matmul on all cores, over sizes 256-2048."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(os.cpu_count() or 1)
+    best = 0.0
+    try:
+        for n in (256, 512, 1024, 2048):
+            a, b = torch.randn(n, n), torch.randn(n, n)
+            a @ b
+            start, k = time.perf_counter(), 0
+            while time.perf_counter() - start < 1.0:
+                a @ b
+                k += 1
+            best = max(best, 2 * n ** 3 * k / (time.perf_counter() - start))
+    finally:
+        torch.set_num_threads(threads)
+    return best
+
+
 def top_entries(profile: cProfile.Profile, n: int = 12) -> list[dict]:
     stats = pstats.Stats(profile)
     total = stats.total_tt
@@ -269,7 +302,8 @@ def main() -> int:
     report = {"parallels": args.parallels, "steps_per_measurement": args.steps, "repeats": args.repeats,
               "overrides": args.set, "observation": [VIEW, VIEW, CHANNELS],
               "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}",
-              "torch": torch.__version__, "rows": []}
+              "torch": torch.__version__, "matmul_peak_flops": matmul_peak(), "rows": []}
+    print(f"matmul peak on {os.cpu_count()} cores: {report['matmul_peak_flops'] / 1e9:.0f} GFLOP/s", flush=True)
     out = Path(__file__).parent / "results" / f"scaling{('_' + args.tag) if args.tag else ''}.json"
     with tempfile.TemporaryDirectory() as folder:
         for n in args.agents:
@@ -284,7 +318,14 @@ def main() -> int:
                    for k, v in samples.items()}
             profile = cProfile.Profile()
             train(path, overrides, args.profile_steps, profile)
+            flops = train_flops(path, overrides, args.profile_steps)
+            acting = med["train"]["agent_steps_per_s"] / med["train"]["env_steps_per_s"]
+            target = med["vector"]["agent_steps_per_s"] / 2
             row = {"n_agents": n, "state_shape": list(cfg_state_shape(cfg)), "samples": samples, "median": med,
+                   "train_flops_per_env_step": flops, "train_flops_per_agent_step": flops / acting,
+                   # no implementation of this update can train faster here than its arithmetic at peak
+                   "ceiling_agent_steps_per_s": report["matmul_peak_flops"] / flops * acting,
+                   "target_agent_steps_per_s": target,
                    "agents_acting_per_step": statistics.mean(s["agents_acting_per_step"] for s in samples["bare"]),
                    "train_over_vector_agent_steps": med["train"]["agent_steps_per_s"] / med["vector"]["agent_steps_per_s"],
                    "train_over_bare_agent_steps": med["train"]["agent_steps_per_s"] / med["bare"]["agent_steps_per_s"],
@@ -293,6 +334,9 @@ def main() -> int:
             print(f"N={n:>3}: bare {med['bare']['agent_steps_per_s']:>8.0f}, vector "
                   f"{med['vector']['agent_steps_per_s']:>8.0f}, train {med['train']['agent_steps_per_s']:>8.0f} "
                   f"agent-steps/s; train/vector {row['train_over_vector_agent_steps']:.2f}", flush=True)
+            print(f"      update arithmetic {flops / acting / 1e6:.1f} MFLOP per agent step: at most "
+                  f"{row['ceiling_agent_steps_per_s']:.0f} agent-steps/s here at matmul peak; the 2x target "
+                  f"needs {target:.0f}", flush=True)
             for entry in row["profile_top"][:6]:
                 print(f"      {entry['share']:6.1%}  {entry['function']}", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)
