@@ -85,7 +85,7 @@ class EnvConfig:
 @dataclass
 class RunnerConfig:
     parallels: int = field(default=16, metadata=_range(1))
-    vectorize: Literal["sync", "subprocess"] = "sync"
+    vectorize: Literal["sync", "subprocess", "auto"] = "sync"   # auto: subprocess from two envs on
     workers: Optional[int] = field(default=None, metadata=_range(1))
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     worker_timeout: float = field(default=60.0, metadata=_range(0.1))

@@ -60,7 +60,7 @@ def test_unknown_env_lists_valid_names():
     ("runner.parallels", "many", "runner.parallels: expected an integer, got 'many'"),
     ("runner.parallels", 0, "runner.parallels: 0 is below the minimum 1"),
     ("agents.MAPPO.gamma", 1.5, "agents.MAPPO.gamma: 1.5 is above the maximum 1.0"),
-    ("runner.vectorize", "threads", "runner.vectorize: 'threads' is not allowed; choose one of 'sync', 'subprocess'"),
+    ("runner.vectorize", "threads", "runner.vectorize: 'threads' is not allowed; choose one of 'sync', 'subprocess', 'auto'"),
     ("agents.MAPPO.value_norm", "maybe", "expected true or false"),
     ("agents.MAPPO.actor.hidden_sizes", 64, "expected a list"),
 ])

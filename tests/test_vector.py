@@ -50,6 +50,18 @@ def test_sync_and_subprocess_give_identical_trajectories():
         np.testing.assert_array_equal(x, y)
 
 
+def test_auto_vectorize_uses_a_worker_per_env_from_two_envs_on():
+    from marlkit.envs.vector import make_vector_env
+    builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:scripted", kwargs={"length": 7}))
+    for num_envs, kind in ((1, SyncVectorEnv), (2, SubprocVectorEnv)):
+        venv = make_vector_env(builder, num_envs, "auto", timeout=30)
+        try:
+            assert type(venv) is kind and venv.num_envs == num_envs
+            assert venv.reset(seed=0).obs["agents"].shape[0] == num_envs
+        finally:
+            venv.close()
+
+
 def test_auto_reset_and_final_observation():
     venv = SyncVectorEnv(fns(2, length=3))
     try:

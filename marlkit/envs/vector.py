@@ -626,11 +626,15 @@ def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vecto
                     num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn",
                     start_timeout: float = 120.0, first_index: int = 0) -> VectorEnv:
     """``env_fn(first_index + i)`` builds env ``i``; it must be picklable for
-    ``vectorize='subprocess'``."""
+    ``vectorize='subprocess'``. ``'auto'`` is ``'subprocess'`` for two envs or more and ``'sync'``
+    for one, for envs whose own process already isolates the work and answers within a timeout
+    (Unity): a worker for a single env only adds a round trip per step."""
     import functools
     fns = [functools.partial(env_fn, first_index + i) for i in range(num_envs)]
+    if vectorize == "auto":
+        vectorize = "subprocess" if num_envs > 1 else "sync"
     if vectorize == "sync":
         return SyncVectorEnv(fns)
     if vectorize == "subprocess":
         return SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout)
-    raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync' or 'subprocess'")
+    raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync', 'subprocess' or 'auto'")
