@@ -557,8 +557,9 @@ class SubprocVectorEnv(VectorEnv):
     def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
         same = pickle.dumps((cmd, arg), pickle.HIGHEST_PROTOCOL) if per_worker is None else None
         for w, conn in enumerate(self.conns):
+            message = same if same is not None else pickle.dumps((cmd, per_worker[w]), pickle.HIGHEST_PROTOCOL)
             try:
-                conn.send_bytes(same if same is not None else pickle.dumps((cmd, per_worker[w]), pickle.HIGHEST_PROTOCOL))
+                conn.send_bytes(message)
             except (BrokenPipeError, OSError):
                 self._gather([w], f"sending {cmd!r}")
                 raise EnvWorkerError(f"the worker of {self._describe(w)} is gone (sending {cmd!r})")
