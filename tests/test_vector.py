@@ -127,6 +127,13 @@ def test_dead_worker_is_reported_with_its_env_index():
     assert all(not p.is_alive() for p in venv.procs)
 
 
+def test_a_config_error_in_a_worker_reaches_the_parent_as_itself():
+    from marlkit.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"env.factory: cannot import module 'no_such_module'") as info:
+        SubprocVectorEnv(fns(2, factory="no_such_module:make"), num_workers=2, timeout=30)
+    assert "worker traceback" not in str(info.value)
+
+
 def test_hung_worker_times_out():
     venv = SubprocVectorEnv(fns(2, factory="toy_envs:crashing", mode="hang", at=1), num_workers=2, timeout=2)
     try:

@@ -27,6 +27,7 @@ from gymnasium.utils import EzPickle
 
 from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult, action_layout,
                                empty_observation, group_arrays)
+from marlkit.errors import ConfigError
 
 EnvFactory = Callable[[], MultiAgentEnv]
 
@@ -446,8 +447,11 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
     except (KeyboardInterrupt, SystemExit):
         pass
     except BaseException as exc:
+        # a bad setting is the same in every env and its message names the fix: it goes to the
+        # parent as itself, not as a worker failure with a traceback
+        config_error = exc if isinstance(exc, ConfigError) else None
         try:
-            conn.send(("error", (busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+            conn.send(("error", (busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc(), config_error)))
         except (BrokenPipeError, OSError):
             pass
     finally:
@@ -542,7 +546,9 @@ class SubprocVectorEnv(VectorEnv):
         except (EOFError, OSError):
             raise self._died(w, what) from None
         if status == "error":
-            env_index, summary, tb = payload
+            env_index, summary, tb, config_error = payload
+            if config_error is not None:
+                raise config_error
             where = f"env {env_index}" if env_index is not None else self._describe(w)
             raise EnvWorkerError(f"{where} raised while {what}: {summary}\n\nworker traceback:\n{tb}")
         return payload
