@@ -210,7 +210,8 @@ def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
 
 def test_the_kill_that_ends_an_episode_is_rewarded():
     """basic.cfg's level ends when its one monster dies; ViZDoom has no state after the end, yet the
-    kill must reach the reward and the episode's stats."""
+    kill must reach the reward, once, and the episode's stats. The level ends in the step of the
+    kill or in the next one (the end can fall a tic after the kill, past the step's frame skip)."""
     env = DoomCoopEnv(scenario="basic.cfg", players=2, respawn=False, buttons=["ATTACK", "MOVE_LEFT", "MOVE_RIGHT"],
                       actions=[[], ["ATTACK"], ["MOVE_LEFT"], ["MOVE_RIGHT"]], episode_timeout=300)
     rng = np.random.default_rng(0)
@@ -219,16 +220,18 @@ def test_the_kill_that_ends_an_episode_is_rewarded():
         env.step({a: 0 for a in env.agents})
         assert env.agents and env.episode_stats() == {"kills": 0.0, "deaths": 0.0, "damage": 0.0, "hits": 0.0,
                                                       "restarts": 0.0}
-        for episode in range(30):
+        for episode in range(80):   # random play kills in about 9 episodes of 10
             env.reset(seed=episode)
+            shared = {a: 0.0 for a in env.agents}
             while env.agents:
                 _, rewards, term, _, infos = env.step({a: int(rng.integers(4)) for a in env.agents})
+                for a in infos:
+                    shared[a] += infos[a]["reward_shared"]
             if all(term.values()):   # the monster died: the level ended
                 break
         else:
-            pytest.fail("no episode of 30 ended with the kill")
-        assert {infos[a]["reward_shared"] for a in infos} == {1.0} and env.episode_stats()["kills"] == 1
-        assert all(rewards[a] >= 1.0 for a in rewards)
+            pytest.fail("no episode of 80 ended with the kill")
+        assert shared == {"player_0": 1.0, "player_1": 1.0} and env.episode_stats()["kills"] == 1
     finally:
         env.close()
 
