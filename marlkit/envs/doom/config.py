@@ -38,6 +38,7 @@ class DoomConfig(EnvConfig):
     restart_on_failure: bool = False          # restart a failed match (counted, logged) instead of raising
     host_args: list[str] = field(default_factory=list)   # extra engine arguments for the host, e.g. +timelimit 1
     add_starts: bool = True                   # give single-player maps a start per player (coop_starts.py)
+    fresh_inventory: bool = True              # every episode starts with the map's inventory and health (coop_starts.py)
     start_spacing: float = field(default=64.0, metadata=_range(16.0))   # map units between added starts
 
     def __post_init__(self):

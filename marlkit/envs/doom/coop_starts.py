@@ -1,4 +1,4 @@
-"""Co-op player starts for single-player scenarios.
+"""The co-op copy of a scenario's WAD: a start per player, and a fresh inventory every episode.
 
 Most ViZDoom scenarios are single-player maps: one player start, no deathmatch starts. In a co-op
 game ZDoom then puts every player on that one spot, and a respawning player kills whoever stands
@@ -10,6 +10,13 @@ placed in a row beside player 1's start and facing the same way, and leaves ever
 Only UDMF maps (a ``TEXTMAP`` lump: every scenario shipped with vizdoom) are edited; a map with
 several start spots (more player starts, or deathmatch starts) is left alone: ZDoom already
 spreads the players over them.
+
+In a network game ViZDoom starts each episode with ``changemap``, a level exit, through which
+the players alive keep their inventory and health (measured: basic.cfg's pistol ammo 50 -> 44 ->
+39 -> ... -> 0 over episodes, defend_the_center's health 100 -> 56 -> 12). A ``MAPINFO`` lump
+giving the map ``ResetInventory`` and ``ResetHealth`` (in a cluster of its own: ZDoom resets
+only on entering a map of a non-hub cluster) makes every episode start as in single-player;
+a WAD with a MAPINFO of its own keeps it, untouched.
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ from marlkit.config import ConfigError
 
 PLAYER_START_TYPES = [1, 2, 3, 4, 4001, 4002, 4003, 4004]   # editor numbers of player 1..8 starts
 DEATHMATCH_START = 11
+FRESH_CLUSTER = 57   # a cluster number the stock MAPINFOs leave free
 _THING = re.compile(r"thing\s*(?://[^\n]*)?\s*\{([^}]*)\}", re.IGNORECASE)
 _MAP_NAME = re.compile(r"MAP\d\d|E\dM\d")
 _FIELD = re.compile(r"(\w+)\s*=\s*([^;]+);")
@@ -47,7 +55,7 @@ def scenario_wad(cfg_path: str) -> Path:
     name = read_cfg_value(cfg_path, "doom_scenario_path")
     if not name:
         raise ConfigError(f"env.scenario: {cfg_path} names no doom_scenario_path (the map's .wad); add "
-                          "one, or set env.add_starts: false")
+                          "one, or set env.add_starts: false and env.fresh_inventory: false")
     path = Path(name)
     return path if path.is_absolute() else Path(cfg_path).parent / path
 
@@ -101,30 +109,44 @@ def added_starts(textmap: str, players: int, spacing: float) -> str:
     return "".join(blocks)
 
 
-def with_starts(wad: bytes, doom_map: str, players: int, spacing: float,
-                map_from: str = "env.doom_map") -> bytes | None:
-    """``wad`` with the missing starts added to ``doom_map``; None when nothing is missing or the
-    map is not UDMF. ``map_from`` says where the map's name came from, for the error."""
+def fresh_inventory_mapinfo(doom_map: str) -> bytes:
+    """A MAPINFO lump that resets inventory and health on every entry into ``doom_map``."""
+    name = doom_map.upper()
+    return (f"cluster {FRESH_CLUSTER}\n{{\n}}\n\n"
+            f"map {name} \"{name}\"\n{{\n\tcluster = {FRESH_CLUSTER}\n\tResetInventory\n\tResetHealth\n}}\n"
+            ).encode("ascii")
+
+
+def coop_wad(wad: bytes, doom_map: str, players: int, spacing: float, add_starts: bool = True,
+             fresh_inventory: bool = True, map_from: str = "env.doom_map") -> bytes | None:
+    """``wad`` with the missing starts added to ``doom_map`` (``add_starts``; UDMF maps only) and
+    a MAPINFO that resets inventory and health every episode (``fresh_inventory``; unless the
+    WAD has a MAPINFO); None when nothing changes. ``map_from`` says where the map's name came
+    from, for the error."""
     lumps = read_wad(wad)
     names = [n.upper() for n, _ in lumps]
     if doom_map.upper() not in names:
         maps = [n for n in names if _MAP_NAME.fullmatch(n)]
         raise ConfigError(f"{map_from}: the scenario's WAD has no map {doom_map!r} (it has {', '.join(maps)})")
+    changed = False
     at = names.index(doom_map.upper()) + 1
-    if at >= len(lumps) or names[at] != "TEXTMAP":
-        return None
-    textmap = lumps[at][1].decode("latin-1")
-    extra = added_starts(textmap, players, spacing)
-    if not extra:
-        return None
-    lumps[at] = ("TEXTMAP", (textmap + extra).encode("latin-1"))
-    return write_wad(lumps)
+    if add_starts and at < len(lumps) and names[at] == "TEXTMAP":
+        textmap = lumps[at][1].decode("latin-1")
+        extra = added_starts(textmap, players, spacing)
+        if extra:
+            lumps[at] = ("TEXTMAP", (textmap + extra).encode("latin-1"))
+            changed = True
+    if fresh_inventory and not {"MAPINFO", "ZMAPINFO"} & set(names):
+        lumps.insert(0, ("MAPINFO", fresh_inventory_mapinfo(doom_map)))
+        changed = True
+    return write_wad(lumps) if changed else None
 
 
-def scenario_with_starts(cfg_path: str, doom_map: str | None, players: int, spacing: float) -> str | None:
-    """Path of a copy of the scenario's WAD with a start per player, or None when its map needs
-    none. The copy lives in a per-user cache named by its content, so envs and runs share it and
-    nothing accumulates."""
+def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing: float,
+                      add_starts: bool = True, fresh_inventory: bool = True) -> str | None:
+    """Path of the co-op copy of the scenario's WAD (see :func:`coop_wad`), or None when its
+    map needs no change. The copy lives in a per-user cache named by its content, so envs and
+    runs share it and nothing accumulates."""
     wad_path = scenario_wad(cfg_path)
     if not wad_path.is_file():
         raise ConfigError(f"env.scenario: {cfg_path} names {wad_path}, which does not exist; "
@@ -132,10 +154,10 @@ def scenario_with_starts(cfg_path: str, doom_map: str | None, players: int, spac
     map_from = "env.doom_map" if doom_map else f"doom_map of {cfg_path}"
     doom_map = doom_map or read_cfg_value(cfg_path, "doom_map") or "map01"
     try:
-        patched = with_starts(wad_path.read_bytes(), doom_map, players, spacing, map_from)
+        patched = coop_wad(wad_path.read_bytes(), doom_map, players, spacing, add_starts, fresh_inventory, map_from)
     except ValueError as exc:   # not a WAD
-        raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts: false "
-                          "to give it to the engine as it is") from None
+        raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts: false and "
+                          "env.fresh_inventory: false to give it to the engine as it is") from None
     if patched is None:
         return None
     cache = Path(tempfile.gettempdir()) / f"marlkit-doom-{os.getuid()}"

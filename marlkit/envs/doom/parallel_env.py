@@ -18,7 +18,7 @@ from pettingzoo import ParallelEnv
 
 from marlkit.config import build
 from marlkit.envs.doom.config import DoomConfig
-from marlkit.envs.doom.coop_starts import scenario_with_starts
+from marlkit.envs.doom.coop_starts import coop_scenario_wad
 from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
 from marlkit.envs.doom.rewards import STATE_FEATURES, died, player_stats, reward_parts, state_features
 from marlkit.envs.doom.worker import PlayerSettings
@@ -56,8 +56,8 @@ class DoomCoopEnv(ParallelEnv):
         else:
             self.state_space = spaces.Box(-np.inf, np.inf, (cfg.players * STATE_FEATURES + 1,), np.float32)
         scenario = cfg.scenario_path()
-        wad = scenario_with_starts(scenario, cfg.doom_map, cfg.players, cfg.start_spacing) \
-            if cfg.add_starts and cfg.players > 1 else None
+        wad = coop_scenario_wad(scenario, cfg.doom_map, cfg.players, cfg.start_spacing, cfg.add_starts,
+                                cfg.fresh_inventory) if cfg.players > 1 else None
         settings = PlayerSettings(player=0, players=cfg.players, port=0, config=scenario, wad=wad, work_dir="",
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
