@@ -3,7 +3,7 @@
 Most ViZDoom scenarios are single-player maps: one player start, no deathmatch starts. In a co-op
 game ZDoom then puts every player on that one spot, and a respawning player kills whoever stands
 there (measured on ``defend_the_center.cfg``: dozens of deaths per player per episode with random
-play). ``scenario_with_starts`` writes a copy of the scenario's WAD whose map has a start per player,
+play). ``coop_scenario_wad`` writes a copy of the scenario's WAD whose map has a start per player,
 placed in a row beside player 1's start and facing the same way, and leaves every other lump
 (scripts, nodes, decorate) byte for byte as it was.
 
