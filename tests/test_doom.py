@@ -15,7 +15,7 @@ from pettingzoo.test import parallel_api_test
 from marlkit.config import ConfigError, RunnerConfig, resolve
 from marlkit.envs.doom import DoomConfig, DoomCoopEnv, DoomPlayerError, RewardWeights
 from marlkit.envs.doom import match as match_module
-from marlkit.envs.doom.rewards import player_stats, reward_parts
+from marlkit.envs.doom.rewards import AMMO, player_stats, reward_parts
 from marlkit.envs.doom.worker import VARIABLES
 from marlkit.envs.factory import make_env_vector
 
@@ -142,12 +142,14 @@ def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart()
 
 def test_rewards_in_a_real_game_add_up_to_the_game_variables():
     """Every step's reward is the player's part plus the shared part, the shared part is the same for
-    everyone, and over an episode they add up to the changes in the counters seen in info."""
+    everyone, and over an episode they add up to the changes in the counters seen in info and in
+    the ammo of every kind (a player walking over a box of shells gains ammo of another weapon)."""
     w = RewardWeights(kills=1.0, damage=0.01, deaths=-1.0, health=0.0, ammo=0.5)
     env = DoomCoopEnv(players=2, actions=ACTIONS, reward=w, **SHORT)
     try:
         _, infos = env.reset(seed=0)
         first = {a: dict(infos[a]) for a in env.agents}
+        first_ammo = env._vars[:, AMMO].sum(1)
         totals = {a: 0.0 for a in env.possible_agents}
         shared_total = 0.0
         while env.agents:
@@ -158,10 +160,12 @@ def test_rewards_in_a_real_game_add_up_to_the_game_variables():
             for a in env.possible_agents:
                 assert rewards[a] == pytest.approx(infos[a]["reward_player"] + infos[a]["reward_shared"])
                 totals[a] += rewards[a]
-        for a in env.possible_agents:
-            d = {k: infos[a][k] - first[a][k] for k in ("kills", "damage", "deaths", "ammo")}   # pistol only
+        ammo = env._vars[:, AMMO].sum(1) - first_ammo
+        for i, a in enumerate(env.possible_agents):
+            d = {k: infos[a][k] - first[a][k] for k in ("kills", "damage", "deaths")}
             assert shared_total == pytest.approx(d["kills"])
-            assert totals[a] - shared_total == pytest.approx(0.01 * d["damage"] - d["deaths"] + 0.5 * d["ammo"])
+            assert d["deaths"] == 0   # a respawn refills ammo, which the reward leaves out: not this test's case
+            assert totals[a] - shared_total == pytest.approx(0.01 * d["damage"] + 0.5 * ammo[i])
         assert totals["player_0"] - shared_total < 0          # firing cost ammo: the player part saw it
         assert env.last_episode["player_0"]["ammo"] == infos["player_0"]["ammo"]
     finally:
