@@ -73,8 +73,14 @@ def resize_images(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return x
     if H % h == 0 and W % w == 0:
         fh, fw = H // h, W // w
-        blocks = x.reshape(*x.shape[:-2], h, fh, w, fw)
-        mean = blocks.mean(axis=(-3, -1), dtype=np.float32)
+        if np.issubdtype(x.dtype, np.unsignedinteger):
+            # the block mean rounded half up, in integers: 2-3x faster than a float mean (it runs on
+            # every frame of every player of a Doom step)
+            n = fh * fw
+            total = x.reshape(*x.shape[:-2], h, fh, W).sum(axis=-2, dtype=np.uint32 if x.itemsize == 1 else np.uint64)
+            total = total.reshape(*x.shape[:-2], h, w, fw).sum(axis=-1)
+            return ((2 * total + n) // (2 * n)).astype(x.dtype)
+        mean = x.reshape(*x.shape[:-2], h, fh, w, fw).mean(axis=(-3, -1), dtype=np.float32)
         return (mean + 0.5).astype(x.dtype) if np.issubdtype(x.dtype, np.integer) else mean.astype(x.dtype)
     rows = (np.arange(h) * H // h)
     cols = (np.arange(w) * W // w)
