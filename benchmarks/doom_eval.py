@@ -34,7 +34,7 @@ def evaluate(agent: str, env: str, load: str | None, seed: int, episodes: int, o
     the runner's evaluation unless runner.eval_deterministic is set)."""
     from marlkit.api import build_config
     from marlkit.envs.factory import make_env_vector
-    from marlkit.runners.pettingzoo import Runner
+    from marlkit.runners.runner import Runner
 
     cfg = build_config(agent, env, "test" if load else "train", seed=seed, **({"load": load} if load else {}),
                        **overrides)

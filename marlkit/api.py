@@ -5,7 +5,7 @@ from pathlib import Path
 
 from marlkit.config import deep_merge, from_dict, import_modules, load_yaml, nest, resolve, to_plain
 from marlkit.errors import ConfigError
-from marlkit.runners.pettingzoo import Runner, RunResult
+from marlkit.runners.runner import Runner, RunResult
 
 MODES = ("train", "test", "benchmark")
 

@@ -1,3 +1,3 @@
-from marlkit.runners.pettingzoo import Runner, RunResult
+from marlkit.runners.runner import Runner, RunResult
 
 __all__ = ["Runner", "RunResult"]

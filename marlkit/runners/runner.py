@@ -10,10 +10,8 @@ import math
 import pickle
 import random
 import shutil
-import signal
 import time
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -33,6 +31,7 @@ from marlkit.logger import Logger
 from marlkit.registry import closest, get_agent
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.report import write_benchmark_report, write_video
+from marlkit.runners.signals import StopRequest, terminate_as_interrupt
 
 
 @dataclass
@@ -43,59 +42,6 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     episode_returns: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
-
-
-@contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM unwinds like Ctrl+C, so env workers and game processes are closed on the way out.
-    SIGINT is set to raise as well: a process started in the background by a non-interactive shell
-    (a script's ``marlkit ... &``, a CI job under make) inherits SIGINT ignored, and Python then
-    installs no Ctrl+C handler; a run must stop on SIGINT however it was started, as training does."""
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, handler),
-                    signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler)}
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
-
-
-class _StopRequest:
-    """While training, Ctrl+C or SIGTERM asks for a stop at the next rollout boundary, where the
-    agents, envs and counters agree and a checkpoint is consistent; a second signal stops at once."""
-
-    def __init__(self):
-        self.signum: int | None = None
-
-    def __bool__(self) -> bool:
-        return self.signum is not None
-
-    @contextmanager
-    def deferred(self):
-        def handler(signum, frame):
-            if self.signum is not None:
-                raise KeyboardInterrupt(f"signal {signum}")
-            self.signum = signum
-            tqdm.write("marlkit: stopping at the end of this rollout to save a checkpoint "
-                       "(press Ctrl+C again to stop at once, without saving)")
-
-        try:
-            previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-        except ValueError:  # not the main thread: signals stay as they are
-            yield
-            return
-        try:
-            yield
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
 
 
 class _EvaluationStopped(Exception):
@@ -267,9 +213,9 @@ class Runner:
 
     def train(self, evaluate: bool = False) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
-        stop = _StopRequest()
+        stop = StopRequest()
         state, finished = None, False
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             try:
                 self.venv = self._make_venv()
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
@@ -358,7 +304,7 @@ class Runner:
     def _save_latest(self, state: dict) -> None:
         self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
 
-    def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: _StopRequest) -> None:
+    def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: StopRequest) -> None:
         cfg, rc = self.cfg, self.cfg.runner
         E = self.venv.num_envs
         per_update = rc.horizon * E
@@ -483,7 +429,7 @@ class Runner:
     def test(self) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
         finished = False
-        with _terminate_as_interrupt():
+        with terminate_as_interrupt():
             try:
                 render = cfg.render
                 self.venv = self._make_venv(rc.test_envs(render), render=render, vectorize="sync")
