@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"marlkit: error: {exc}", file=sys.stderr)
         return 2
     except (EnvAPIError, EnvWorkerError, TrainingDivergedError) as exc:
-        print(f"marlkit: {type(exc).__name__}: {exc}", file=sys.stderr)
+        # a note says what a failed training run saved and how to continue it
+        print(f"marlkit: {type(exc).__name__}: {'; '.join([str(exc), *getattr(exc, '__notes__', [])])}",
+              file=sys.stderr)
         return 1
     except RunInterrupted as exc:
         print(f"marlkit: {exc}; envs closed", file=sys.stderr)

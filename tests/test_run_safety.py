@@ -212,28 +212,34 @@ def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tm
 
 # -- an interrupt saves a consistent checkpoint ----------------------------------------------------------
 
-def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0):
-    """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment a file matching
-    ``started`` appears under ``root`` -> (exit code, stderr). marlkit starts with SIGINT ignored, as
-    a non-interactive shell starts a background job (a script's ``&``, CI under make): it must stop
-    on the signal all the same."""
+def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0,
+                again_after: float | None = None, files: int = 1):
+    """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment ``files`` files matching
+    ``started`` are under ``root`` (and once more ``again_after`` seconds later) -> (exit code,
+    stderr, seconds from the first signal to the exit). marlkit starts with SIGINT ignored, as a
+    non-interactive shell starts a background job (a script's ``&``, CI under make): it must stop on
+    the signal all the same."""
     # faulthandler: a process that does not stop is made to print every thread's stack (SIGABRT)
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "marlkit", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env(),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
-        while not list(root.rglob(started)) and time.monotonic() < deadline:
+        while len(list(root.rglob(started))) < files and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(after)
         proc.send_signal(sig)
+        signalled = time.monotonic()
+        if again_after is not None:
+            time.sleep(again_after)
+            proc.send_signal(sig)
         try:
             _, stderr = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             _, stderr = proc.communicate(timeout=30)
             pytest.fail(f"marlkit did not stop within 60 s of signal {sig}; its stacks:\n{stderr[-6000:]}")
-        return proc.returncode, stderr
+        return proc.returncode, stderr, time.monotonic() - signalled
     finally:
         if proc.poll() is None:   # a failed wait must not leave the training behind
             proc.kill()
@@ -243,7 +249,7 @@ def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, af
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig):
     root = tmp_path / "runs"
-    code, stderr = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
+    code, stderr, _ = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
                                 "runner.save_interval=100000000", *TINY], root, "config.yaml", sig)   # some rollouts in
     assert code == 130, stderr
     [run] = run_dirs(root)
@@ -264,7 +270,7 @@ def test_ctrl_c_during_test_episodes_says_so_and_leaves_no_test_directory(tmp_pa
     out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "runner.save_interval=50", *TINY)
     assert out.returncode == 0, out.stderr
     [run] = run_dirs(root)
-    code, stderr = interrupted(["--test", "--load", str(run / "latest.pt"), "--set", "runner.test_episodes=100000000",
+    code, stderr, _ = interrupted(["--test", "--load", str(run / "latest.pt"), "--set", "runner.test_episodes=100000000",
                                 *TINY], root, "*_test/config.yaml", after=1.0)   # some episodes in
     assert code == 130, stderr
     assert "interrupted during the 100000000 test episodes" in stderr and "Traceback" not in stderr
@@ -405,3 +411,59 @@ def test_a_checkpoint_of_a_user_yaml_env_is_tested_without_repeating_the_env(tmp
     out = cli("--test", "--load", str(run / "latest.pt"), "--set", "runner.test_episodes=2")
     assert out.returncode == 0, out.stderr
     assert "over 2 episodes" in out.stdout and "predator" in out.stdout and "prey" in out.stdout
+
+
+# -- a stop during a long update, and a run stopped by its env ------------------------------------------
+
+# 20,000 epochs: one update of the tiny rollout takes a minute or more here, each minibatch a few ms
+SLOW_UPDATE = ["agents.MAPPO.epochs=20000", "runner.save_interval=50"]
+
+
+def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds(tmp_path):
+    root = tmp_path / "runs"
+    code, stderr, took = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
+                                      *TINY, *SLOW_UPDATE], root, "config.yaml", signal.SIGTERM, after=3.0)
+    assert code == 130, stderr
+    assert took < 10, f"{took:.1f} s from SIGTERM to exit"
+    [run] = run_dirs(root)
+    latest = run / "latest.pt"
+    assert read_steps(latest) == 50                 # the rollout whose update was cut short counts
+    assert f"interrupted; saved {latest} (step 50 of 100000000)" in stderr
+
+
+
+def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint_whole(tmp_path, env_yaml):
+    """The env hangs at its 60th step, inside the third rollout, so the first signal's stop at the end
+    of the rollout never comes; the second one ends the run there and then."""
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:crashing", {"mode": "hang", "at": 60})
+    code, stderr, took = interrupted(["--env", path, "--set", f"runner.run_root={root}", "runner.vectorize=sync",
+                                      "runner.total_steps=100000000", "runner.save_interval=50", *TINY],
+                                     root, "latest.pt", signal.SIGINT, after=3.0, again_after=0.5)
+    assert code == 130 and took < 10, stderr
+    [run] = run_dirs(root)
+    latest = run / "latest.pt"
+    assert read_steps(latest) == 100
+    assert f"interrupted; the last checkpoint is {latest} (step 100 of 100000000)" in stderr
+    assert not list(run.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_a_run_stopped_by_its_env_saves_the_last_rollout_and_says_how_to_resume(tmp_path, env_yaml, vectorize):
+    """The env breaks its API at its 60th step (sync: an EnvAPIError; subprocess: its worker dies),
+    in the third rollout of 2 envs x 25 steps: the two finished rollouts are kept."""
+    root = tmp_path / "runs"
+    path = (env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 60}) if vectorize == "sync"
+            else env_yaml("toy_envs:crashing", {"mode": "exit", "at": 60}))
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=100000",
+              "runner.save_interval=100000", f"runner.vectorize={vectorize}", *TINY)
+    assert out.returncode == 1, out.stderr
+    [run] = run_dirs(root)
+    latest = run / "latest.pt"
+    assert read_steps(latest) == 100
+    assert f"the run up to step 100 is saved in {latest}" in out.stderr
+    assert f"continue with: marlkit --resume {run}" in out.stderr
+    out = cli("--resume", str(run), "--set", "runner.total_steps=150")
+    assert out.returncode == 0, out.stderr
+    assert "starts fresh episodes" in out.stdout + out.stderr
+    assert read_steps(latest) == 150

@@ -10,6 +10,7 @@ where it differs: ``sample`` (how ``act`` picks actions), ``estimate_values`` / 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,10 +53,13 @@ class Bootstrap:
 @dataclass
 class Progress:
     """How far training is when ``update`` runs: env steps collected so far (this rollout
-    included) out of the run's ``total_steps``; schedules read ``fraction``."""
+    included) out of the run's ``total_steps``; schedules read ``fraction``. ``stop_requested``
+    is asked between gradient steps: when it answers True, the update ends at that minibatch
+    boundary (a user's Ctrl+C or SIGTERM must not wait for a long update to finish)."""
 
     steps: int
     total_steps: int
+    stop_requested: Callable[[], bool] | None = None
 
     @property
     def fraction(self) -> float:
@@ -298,7 +302,7 @@ class OnPolicyAgent(Agent):
         lr_scale = self.lr_scale(progress)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * lr_scale
-        metrics = self.optimise(data)
+        metrics = self.optimise(data, progress)
         if self.cfg.lr_schedule != "constant":
             metrics["lr_scale"] = lr_scale
         present = self.buffer.agent_mask
@@ -403,32 +407,41 @@ class OnPolicyAgent(Agent):
             advantages = np.where(present, (advantages - mean) / (std + 1e-8), 0.0).astype(np.float32)
         return advantages
 
-    def optimise(self, data: dict[str, np.ndarray]) -> dict[str, float]:
-        """``epochs`` passes of minibatch gradient steps on ``loss``; returns the mean metrics."""
+    def optimise(self, data: dict[str, np.ndarray], progress: Progress | None = None) -> dict[str, float]:
+        """``epochs`` passes of minibatch gradient steps on ``loss``; returns the mean metrics.
+        A stop request ends the passes at the next minibatch boundary; the metrics then include
+        ``update_fraction`` < 1, the share of the gradient steps that ran."""
         cfg = self.cfg
         totals: dict[str, float] = {}
         count = 0
-        for _ in range(cfg.epochs):
-            for batch in minibatches(data, cfg.minibatches, self.chunk_length, self.rng):
-                loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
-                if not torch.isfinite(loss):
-                    raise TrainingDivergedError(
-                        f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "
-                        f"({', '.join(f'{k}={v.item():.4g}' for k, v in metrics.items())}); lower the learning "
-                        "rate or check the env's rewards/observations for NaN or inf")
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.max_grad_norm is not None:
-                    norm = nn.utils.clip_grad_norm_(self.modules.parameters(), cfg.max_grad_norm)
-                    if not math.isfinite(float(norm)):
-                        raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
-                                                    f"the gradient norm became {float(norm)}")
-                    metrics["grad_norm"] = norm
-                self.optimizer.step()
-                for k, v in metrics.items():
-                    totals[k] = totals.get(k, 0.0) + float(v)
-                count += 1
-        return {k: v / max(count, 1) for k, v in totals.items()}
+        planned = cfg.epochs * min(cfg.minibatches, (self.horizon // self.chunk_length) * self.num_envs)
+        stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
+        for batch in (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, self.chunk_length,
+                                                                         self.rng)):
+            if stop():
+                break
+            loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
+            if not torch.isfinite(loss):
+                raise TrainingDivergedError(
+                    f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "
+                    f"({', '.join(f'{k}={v.item():.4g}' for k, v in metrics.items())}); lower the learning "
+                    "rate or check the env's rewards/observations for NaN or inf")
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.max_grad_norm is not None:
+                norm = nn.utils.clip_grad_norm_(self.modules.parameters(), cfg.max_grad_norm)
+                if not math.isfinite(float(norm)):
+                    raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
+                                                f"the gradient norm became {float(norm)}")
+                metrics["grad_norm"] = norm
+            self.optimizer.step()
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            count += 1
+        metrics = {k: v / max(count, 1) for k, v in totals.items()}
+        if count < planned:
+            metrics["update_fraction"] = count / planned
+        return metrics
 
     def normalized_returns(self, returns: torch.Tensor) -> torch.Tensor:
         return self.value_norm.normalize(returns) if self.value_norm is not None else returns

@@ -94,6 +94,7 @@ class Runner:
                 raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
             load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
         self.run_dir = run_dir
+        self._saved_steps = 0   # env steps of the latest.pt on disk
         self.venv = None
         self.logger = None
         self.agents: dict[str, Agent] = {}
@@ -278,6 +279,7 @@ class Runner:
         for g, agent in self.agents.items():
             _load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
         state = pickle.loads(ckpt["runner"])
+        self._saved_steps = state["steps"]
         state.setdefault("recent_stats", deque(maxlen=100))   # checkpoints from before episode stats
         if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
@@ -303,6 +305,44 @@ class Runner:
 
     def _save_latest(self, state: dict) -> None:
         self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
+        self._saved_steps = state["steps"]
+
+    def _save_after_failure(self, state: dict) -> str:
+        """Whatever stops a run (an env error, a dead worker, restarts exhausted) costs no more than
+        the rollout in progress: the last rollout boundary is saved, without the envs, which are
+        in no state to be snapshotted, so a resume starts fresh episodes. Returns what to tell the user."""
+        latest = self.run_dir / "latest.pt"
+        if state["steps"] > self._saved_steps:
+            self._checkpoint(latest, state, None)
+            self._saved_steps = state["steps"]
+        if not latest.is_file():
+            return "nothing was learned yet, so nothing was saved"
+        return (f"the run up to step {self._saved_steps} is saved in {latest}; once the env is fixed, continue "
+                f"with: marlkit --resume {self.run_dir}")
+
+    def _collect_rollout(self, state: dict, learners: list[str]) -> tuple[Observation, dict]:
+        """Step the envs for one rollout from ``state``'s observation and hidden state, hand every
+        transition to the learning agents and count finished episodes; -> (the observation and
+        hidden state after the rollout, to bootstrap from and to continue with)."""
+        obs, hidden = state["obs"], state["hidden"]
+        for _ in range(self.cfg.runner.horizon):
+            outs = self._act(obs, hidden, explore=True)
+            res = self.venv.step({g: out.actions for g, out in outs.items()})
+            for g in learners:
+                out = outs[g]
+                self.agents[g].store(Transition(
+                    obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
+                    out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
+                    res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras))
+            for info in res.infos:
+                if "episode" in info:
+                    state["recent"].append(info["episode"]["return"])
+                    state["episodes"] += 1
+                    if "stats" in info["episode"]:
+                        state["recent_stats"].append(info["episode"]["stats"])
+            hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
+            obs = res.next
+        return obs, hidden
 
     def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: StopRequest) -> None:
         cfg, rc = self.cfg, self.cfg.runner
@@ -319,32 +359,18 @@ class Runner:
             if eval_venv is not None and state["steps"] >= state["next_eval"]:
                 self._evaluate(state, eval_venv, result, stop)
             while state["steps"] < rc.total_steps:
-                obs, hidden = state["obs"], state["hidden"]
-                for _ in range(rc.horizon):
-                    outs = self._act(obs, hidden, explore=True)
-                    res = self.venv.step({g: out.actions for g, out in outs.items()})
-                    for g in learners:
-                        out = outs[g]
-                        self.agents[g].store(Transition(
-                            obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
-                            out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
-                            res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras))
-                    for info in res.infos:
-                        if "episode" in info:
-                            state["recent"].append(info["episode"]["return"])
-                            state["episodes"] += 1
-                            if "stats" in info["episode"]:
-                                state["recent_stats"].append(info["episode"]["stats"])
-                    hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
-                    obs = res.next
-                state["steps"] += per_update
-                bar.update(per_update)
+                obs, hidden = self._collect_rollout(state, learners)
+                steps = state["steps"] + per_update
                 metrics = {}
+                progress = Progress(steps, rc.total_steps, stop_requested=stop.__bool__)
                 for g in learners:
                     update = self.agents[g].update(Bootstrap(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g],
-                                                   hidden[g]), Progress(state["steps"], rc.total_steps))
+                                                   hidden[g]), progress)
                     metrics.update({f"{g}/{k}": v for k, v in update.items()})
-                state.update(obs=obs, hidden=hidden, updates=state["updates"] + 1)
+                # the state moves to the next rollout boundary in one go, so that a failure at any
+                # point finds it consistent with the agents' weights
+                state.update(steps=steps, obs=obs, hidden=hidden, updates=state["updates"] + 1)
+                bar.update(per_update)
                 if state["recent"]:
                     for g in self.agents:
                         metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
@@ -379,6 +405,11 @@ class Runner:
             raise TrainingDivergedError(f"training stopped at step {state['steps']}: {exc}; {where}") from None
         except _EvaluationStopped:
             raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
+        except ConfigError:
+            raise
+        except Exception as exc:
+            exc.add_note(self._save_after_failure(state))
+            raise
         finally:
             bar.close()
         result.steps = state["steps"]

@@ -32,7 +32,8 @@ def terminate_as_interrupt():
 
 class StopRequest:
     """While training, Ctrl+C or SIGTERM asks for a stop at the next rollout boundary, where the
-    agents, envs and counters agree and a checkpoint is consistent; a second signal stops at once."""
+    agents, envs and counters agree and a checkpoint is consistent; an update in progress ends at
+    its next minibatch to get there quickly. A second signal stops at once."""
 
     def __init__(self):
         self.signum: int | None = None
@@ -46,7 +47,7 @@ class StopRequest:
             if self.signum is not None:
                 raise KeyboardInterrupt(f"signal {signum}")
             self.signum = signum
-            tqdm.write("marlkit: stopping at the end of this rollout to save a checkpoint "
+            tqdm.write("marlkit: stopping at the end of this rollout (or update) to save a checkpoint "
                        "(press Ctrl+C again to stop at once, without saving)")
 
         try:
