@@ -149,11 +149,16 @@ class _Player:
         return self.screen, self.variables, finished, finished and self.game.is_episode_timeout_reached()
 
     def step(self, buttons: list, tics: int) -> tuple:
+        """Play ``tics`` tics of ``buttons``. Only the last chunk updates the state: the engine
+        renders a screen and copies the state out for every state update, and the chunks before it
+        need neither."""
+        self.game.set_action(buttons)
         for done_tics in range(0, tics, TICS_PER_BARRIER):
             if done_tics:
                 self.barrier.wait(self.s.barrier_timeout)
             if not self.game.is_episode_finished():
-                self.game.make_action(buttons, min(TICS_PER_BARRIER, tics - done_tics))
+                chunk = min(TICS_PER_BARRIER, tics - done_tics)
+                self.game.advance_action(chunk, done_tics + chunk >= tics)
         return self.observe()
 
     def reset(self, seed: int | None) -> tuple:
