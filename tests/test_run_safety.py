@@ -467,3 +467,47 @@ def test_a_run_stopped_by_its_env_saves_the_last_rollout_and_says_how_to_resume(
     assert out.returncode == 0, out.stderr
     assert "starts fresh episodes" in out.stdout + out.stderr
     assert read_steps(latest) == 150
+
+
+def test_a_run_that_cannot_fit_in_memory_is_refused_in_one_line_before_it_starts(tmp_path, env_yaml):
+    """3 agents x 200,000 float32 values x 1,000 steps x 32 envs: about 72 GB of rollout alone."""
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:scripted", {"obs_dim": 200_000})
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.parallels=32", "runner.horizon=1000",
+              "runner.progress=false")
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("marlkit: error: this run needs about ") and "GB of memory is available" in line
+    for setting in ("runner.parallels", "runner.horizon", "agents.MAPPO.minibatches"):
+        assert setting in line
+    assert not root.exists() or not any(root.rglob("*"))
+
+
+def test_the_memory_estimate_follows_the_rollout_and_the_minibatch():
+    from marlkit.config import resolve
+    from marlkit.envs.factory import make_env_vector
+    from marlkit.memory import check_fits
+    from marlkit.registry import get_agent
+    cfg = resolve("MAPPO", "mpe_spread")
+    venv = make_env_vector(cfg.env, cfg.runner, 2)
+    try:
+        spec = venv.spec
+    finally:
+        venv.close()
+    mappo = get_agent("MAPPO")
+    group = spec.groups["agents"]
+    small = mappo.memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 16, 25)
+    big = mappo.memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 32, 100)
+    assert big.rollout == 8 * small.rollout
+    obs, state = 18, 54                      # float32 values per agent and per env step
+    assert small.rollout >= 16 * 25 * (3 * obs + state) * 4
+    split = mappo.memory_estimate(group, spec.state_shape, replace_minibatches(cfg.agents["MAPPO"], 4), 16, 25)
+    assert split.update < small.update and split.rollout == small.rollout
+    check_fits({"agents": small}, available=10 * small.total)
+    with pytest.raises(ConfigError, match="runner.parallels"):
+        check_fits({"agents": small}, available=small.total)
+
+
+def replace_minibatches(agent_cfg, n):
+    from dataclasses import replace
+    return replace(agent_cfg, minibatches=n)

@@ -21,6 +21,7 @@ from torch import nn
 from marlkit.buffers import RolloutBuffer, Transition, compute_gae, last_present_value, minibatches
 from marlkit.config import OnPolicyConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError, TrainingDivergedError
+from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import ValueNorm
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.spec import GroupSpec, action_layout
@@ -86,6 +87,13 @@ class Agent:
     def check_config(cls, cfg, runner, key: str) -> None:
         """Reject settings that cannot work, before any env starts; ``key`` is where ``cfg`` sits
         in the run config (``agents.MAPPO``), for the message."""
+
+    @classmethod
+    def memory_estimate(cls, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
+                        state_dtype=np.float32, key: str = "") -> MemoryEstimate:
+        """What this agent's rollout storage and update will need, from the spec alone (nothing is
+        allocated yet); ``key`` is where ``cfg`` sits in the run config, for the settings to shrink."""
+        return MemoryEstimate()
 
     def initial_hidden(self, num_envs: int) -> np.ndarray | None:
         return None
@@ -180,6 +188,21 @@ class OnPolicyAgent(Agent):
                                     action_dtype, group.n_actions,
                                     (2, self.hidden_size) if self.recurrent else None, self.state_dtype)
         self._episode_start = np.ones(num_envs, bool)
+
+    @classmethod
+    def memory_estimate(cls, group, state_shape, cfg, num_envs, horizon, state_dtype=np.float32, key=""):
+        """The rollout's observations and states in their stored dtypes (uint8 images stay uint8)
+        plus the per-agent scalars; the update holds one minibatch of them as float32, with about
+        three times as much again for activations and gradients, and a few ``[T, E, A]`` arrays."""
+        T, E, A = horizon, num_envs, group.n_agents
+        obs = int(np.prod(group.obs_shape, dtype=np.int64))
+        state = int(np.prod(state_shape, dtype=np.int64)) if cls.uses_state else 0
+        obs_bytes = np.dtype(group.observation_space.dtype or np.float32).itemsize
+        per_step = A * obs * obs_bytes + state * np.dtype(state_dtype).itemsize + A * (group.n_actions + 32)
+        samples = -(-T * E // min(cfg.minibatches, T * E))
+        update = samples * (A * obs + state) * 4 * 4 + T * E * A * 4 * 8
+        return MemoryEstimate(T * E * per_step, update, ("runner.parallels", "runner.horizon", f"{key}.minibatches",
+                                                        "env.resize (for images)"))
 
     @classmethod
     def check_config(cls, cfg: OnPolicyConfig, runner, key: str) -> None:

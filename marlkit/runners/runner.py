@@ -28,6 +28,7 @@ from marlkit.envs.factory import make_env_vector
 from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, RunInterrupted,
                             TrainingDivergedError)
 from marlkit.logger import Logger
+from marlkit.memory import check_fits
 from marlkit.registry import closest, get_agent
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.report import write_benchmark_report, write_video
@@ -128,6 +129,10 @@ class Runner:
     def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
         """One agent per group; weights from ``--load`` (every group) or a group's own ``load``."""
         names = self._group_agent_names(spec.groups)
+        check_fits({g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
+                                                           self.cfg.runner.horizon, spec.state_dtype,
+                                                           key=f"agents.{names[g]}")
+                    for g, gs in spec.groups.items()})
         run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load else None
         agents = {}
         for i, (g, gs) in enumerate(spec.groups.items()):
