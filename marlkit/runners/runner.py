@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from marlkit.agents.base import Agent, Bootstrap, Progress
+from marlkit.allocator import keep_freed_memory
 from marlkit.buffers import Transition
 from marlkit.config import RunConfig, save_config
 from marlkit.envs.core import Observation
@@ -79,6 +80,7 @@ class Runner:
 
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None):
         self.cfg = cfg
+        keep_freed_memory()
         if cfg.runner.torch_threads:
             torch.set_num_threads(cfg.runner.torch_threads)
         self._seed_everything(cfg.seed)
