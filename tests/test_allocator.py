@@ -34,4 +34,4 @@ def faults(mode: str) -> int:
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     default, kept = faults("default"), faults("keep")
     assert default > 5 * 18_000                 # each pass maps its activations afresh (74 MB = 18k pages)
-    assert kept < default / 10, (kept, default)
+    assert kept < default / 4, (kept, default)  # at most a pass or two grows the heap once more
