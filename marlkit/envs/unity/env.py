@@ -222,8 +222,7 @@ class UnityEnv(MultiAgentEnv):
                               f"{key} is {used}: set {key}=1, or point env.file_name at a build")
 
     def __init__(self, cfg: UnityConfig, index: int = 0):
-        environment = _import_mlagents()
-        from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
+        _import_mlagents()
         from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
         from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel
 
@@ -237,35 +236,53 @@ class UnityEnv(MultiAgentEnv):
         parameters = EnvironmentParametersChannel()
         for key, value in cfg.parameters.items():
             parameters.set_float_parameter(key, float(value))
+        self._side_channels = [engine, parameters]
         self._env = None
-        for attempt in range(5):
-            if cfg.base_port is None:
-                base_port, worker_id = (free_port(), 0) if cfg.file_name is not None else (None, 0)
-            else:
-                base_port, worker_id = cfg.base_port, cfg.worker_id + index
-            try:
-                self._env = environment.UnityEnvironment(
-                    file_name=cfg.file_name, worker_id=worker_id, base_port=base_port, seed=cfg.seed + index,
-                    no_graphics=cfg.no_graphics, timeout_wait=cfg.timeout_wait,
-                    additional_args=list(cfg.additional_args), side_channels=[engine, parameters])
-                break
-            except UnityWorkerInUseException:
-                if cfg.base_port is not None or attempt == 4:
-                    raise
-            except UnityTimeOutException:  # mlagents has already killed the process it launched
-                where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
-                raise UnityEnvError(f"unity env {index}: {where} did not connect to port {base_port or 5004} "
-                                    f"within env.timeout_wait={cfg.timeout_wait} s") from None
-            except UnityEnvironmentException as exc:  # no such file, or the process exited before connecting
-                raise UnityEnvError(f"unity env {index}: env.file_name={cfg.file_name!r} could not be started "
-                                    f"or exited before connecting: {exc}") from None
-        self.port = self._env._port
+        self.restarts = 0          # scenes relaunched after a failure, over the env's life
+        self._failures = 0         # failures since the last exchange that went through
+        self._last: Observation | None = None   # what the agents saw last: the final obs of a cut episode
+        self._connect()
         try:
             self._call(self._env.reset, "resetting")
             self._build_spec()
         except BaseException:
             self.close()
             raise
+
+    def _connect(self) -> None:
+        """Launch the build (or wait for the Editor) and complete ML-Agents' handshake."""
+        from marlkit.envs.unity.player import Player
+        from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
+        cfg, index = self.cfg, self.index
+        for attempt in range(5):
+            if cfg.base_port is None:
+                port = free_port() if cfg.file_name is not None else None
+            else:
+                port = cfg.base_port + cfg.worker_id + index
+            try:
+                self._env = Player(cfg.file_name, port, seed=cfg.seed + index, no_graphics=cfg.no_graphics,
+                                   timeout_wait=cfg.timeout_wait, additional_args=list(cfg.additional_args),
+                                   side_channels=self._side_channels)
+                break
+            except UnityWorkerInUseException:
+                if cfg.base_port is not None:
+                    raise ConfigError(
+                        f"unity env {index}: port {port} (env.base_port={cfg.base_port} + env.worker_id="
+                        f"{cfg.worker_id} + env index {index}) is in use, by another run or program; leave "
+                        "env.base_port null for free ports, or pick another env.worker_id") from None
+                if cfg.file_name is None:
+                    raise ConfigError(f"unity env {index}: port {port or 5004}, where the Unity Editor connects, "
+                                      "is in use, by another run or program; stop that one first") from None
+                if attempt == 4:
+                    raise
+            except UnityTimeOutException:  # the player's process group is gone
+                where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
+                raise UnityEnvError(f"unity env {index}: {where} did not connect to port {port or 5004} "
+                                    f"within env.timeout_wait={cfg.timeout_wait} s") from None
+            except UnityEnvironmentException as exc:  # no such file, or the process exited before connecting
+                raise UnityEnvError(f"unity env {index}: env.file_name={cfg.file_name!r} could not be started "
+                                    f"or exited before connecting: {exc}") from None
+        self.port = self._env._port
 
     def _call(self, fn, what: str):
         """Run one exchange with the scene; a scene that stops answering or exits becomes a
