@@ -527,3 +527,150 @@ def test_the_editor_path_waits_for_a_scene_that_connects_by_itself(tmp_path):
             editor.wait()
     with pytest.raises(ConfigError, match="is the Unity Editor, which is one env"):
         UnityEnv(UnityConfig(file_name=None), index=1)
+
+
+# ---------------------------------------------------------------------- start and stop
+
+LAUNCHER = """#!/bin/sh
+# a build that starts a child, and neither connects: both note their pid
+echo $$ >> {pids}
+sleep 100000 &
+echo $! >> {pids}
+wait
+"""
+
+
+def launcher(tmp_path) -> tuple[str, Path]:
+    """A stand-in build that starts a child and never connects, and the file its processes' pids go to."""
+    pids = tmp_path / f"pids-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "launcher.sh"
+    script.write_text(LAUNCHER.format(pids=pids))
+    script.chmod(0o755)
+    return str(script), pids
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def launched(pids: Path, n: int, timeout: float = 30.0) -> list[int]:
+    """The pids of ``n`` launched processes, once they are all written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        if len(got) >= n:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{n} processes were not launched within {timeout} s: {pids}")
+
+
+def gone_soon(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """The processes of ``pids`` still running after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+
+def test_a_build_that_never_connects_is_killed_with_its_children(tmp_path):
+    """mlagents killed the build's own process at the timeout, and left the children it started."""
+    script, pids = launcher(tmp_path)
+    with pytest.raises(UnityEnvError, match="did not connect"):
+        UnityEnv(UnityConfig(file_name=script, timeout_wait=2))
+    got = launched(pids, 2)
+    assert [p for p in got if running(p)] == []
+
+
+def _script(tmp_path, body: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text("import sys\nfrom marlkit.envs.unity import UnityConfig, UnityEnv\n" + body)
+    return path
+
+
+def test_a_killed_parent_takes_its_builds_and_their_children_along(tmp_path):
+    """SIGKILL of the process holding the env, while the build has not connected: nothing in that
+    process runs any more, and the watcher kills the build's process group."""
+    import signal
+    import subprocess
+
+    script, pids = launcher(tmp_path)
+    body = f"UnityEnv(UnityConfig(file_name={script!r}, timeout_wait=120))\n"
+    proc = subprocess.Popen([sys.executable, str(_script(tmp_path, body))])
+    try:
+        got = launched(pids, 2)
+        assert all(map(running, got))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert gone_soon(got) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("parallels", [1, 2])
+def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
+    """Ctrl+C while marlkit waits inside ML-Agents' constructor for the builds to connect (in
+    process for one env, in env workers for two): every build and its child are gone when marlkit
+    has exited."""
+    import signal
+    import subprocess
+
+    script, pids = launcher(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                             "--set", f"env.file_name={script}", "runner.total_steps=1000", f"runner.parallels={parallels}",
+                             f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got = launched(pids, 2 * parallels)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted before the first checkpoint" in out, out
+    assert [p for p in got if running(p)] == []
+
+
+def test_a_script_that_never_closes_its_env_exits_and_leaves_no_scene(tmp_path):
+    """ML-Agents' server thread kept the interpreter alive at exit; the env closes itself first."""
+    import subprocess
+
+    tag = uuid.uuid4().hex
+    body = (f"env = UnityEnv(UnityConfig(file_name={STANDIN!r}, timeout_wait=20, additional_args=['--tag', {tag!r}]))\n"
+            "env.reset()\nprint(sorted(env.spec.groups))\n")
+    out = subprocess.run([sys.executable, str(_script(tmp_path, body))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "['team_0', 'team_1']" in out.stdout, out.stderr
+    assert gone_soon(standin_pids(tag)) == []
+
+
+def test_the_env_is_a_context_manager(tmp_path):
+    with make(None)[0] as env:
+        tag = env.cfg.additional_args[1]
+        assert len(standin_pids(tag)) == 1
+    assert env._env is None and gone_soon(standin_pids(tag)) == []
+
+
+def test_a_fixed_port_in_use_is_one_line_naming_the_fix(tmp_path):
+    """Two envs on one fixed base_port: the second is refused with the port, the settings and the
+    fix, and nothing else is printed at exit (ML-Agents' half-built env raised in its atexit hook)."""
+    import subprocess
+
+    base = free_base_port(1)
+    body = (f"from marlkit.config import ConfigError\n"
+            f"cfg = UnityConfig(file_name={STANDIN!r}, timeout_wait=20, base_port={base})\n"
+            "first = UnityEnv(cfg)\n"
+            "try:\n    UnityEnv(cfg)\nexcept ConfigError as exc:\n    print(exc)\n"
+            "first.close()\n")
+    out = subprocess.run([sys.executable, str(_script(tmp_path, body))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"unity env 0: port {base} (env.base_port={base} + env.worker_id=0 + env index 0) "
+                                  "is in use, by another run or program; leave env.base_port null for free ports, "
+                                  "or pick another env.worker_id")
+    assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr

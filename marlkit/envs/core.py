@@ -105,6 +105,12 @@ class MultiAgentEnv:
     def close(self) -> None:
         pass
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
 
 def empty_observation(spec: EnvSpec, batch: tuple[int, ...] = ()) -> Observation:
     """Zero-filled arrays with the contract's dtypes; ``batch=(E,)`` for a vector env."""
