@@ -394,7 +394,8 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
 
 
 def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_no_process(tmp_path):
-    """Subprocess workers, each with its own stand-in; one scene exits after 30 steps."""
+    """Subprocess workers, each with its own stand-in; one scene exits after 30 steps, and is not
+    relaunched (``restart_on_failure: false``)."""
     import marlkit
     from marlkit.errors import EnvWorkerError
 
@@ -403,6 +404,7 @@ def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_
     with pytest.raises(EnvWorkerError) as info:
         marlkit.run(agent="MAPPO", env="unity", logger="none", **{
             "env.file_name": STANDIN, "env.timeout_wait": 5, "env.additional_args": ["--tag", tag, "--die-after", "30"],
+            "env.restart_on_failure": False,
             "runner.parallels": 2, "runner.vectorize": "subprocess", "runner.horizon": 16, "runner.total_steps": 640,
             "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
     message = str(info.value)
@@ -674,3 +676,77 @@ def test_a_fixed_port_in_use_is_one_line_naming_the_fix(tmp_path):
                                   "is in use, by another run or program; leave env.base_port null for free ports, "
                                   "or pick another env.worker_id")
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------- relaunching a failed scene
+
+def zero_actions(env) -> dict:
+    return {g: np.zeros((gs.n_agents, 3), np.int64) for g, gs in env.spec.groups.items()}
+
+
+def test_a_dead_scene_is_relaunched_and_its_episodes_end_truncated(tmp_path, caplog):
+    """The scene exits at its 4th step: that step ends every agent's episode truncated on what it
+    saw last and ends the env's episode; the reset hands over the relaunched scene's first
+    observation; the restart is logged and counted in the episode statistics."""
+    import logging
+
+    env, tag = make(tmp_path, "--die-after", "3", timeout_wait=10)
+    try:
+        first = standin_pids(tag)
+        ob = env.reset()
+        for _ in range(3):
+            ob, _, _, _, done = env.step(zero_actions(env))
+            assert not done
+        with caplog.at_level(logging.WARNING, "marlkit.unity"):
+            cut, reward, terminated, truncated, done = env.step(zero_actions(env))
+        assert done
+        for g in env.spec.groups:
+            assert truncated[g].all() and not terminated[g].any() and not reward[g].any()
+            np.testing.assert_array_equal(cut.obs[g], ob.obs[g])
+            np.testing.assert_array_equal(cut.final.obs[g], ob.obs[g])
+        assert env.episode_stats() == {"restarts": 1.0}
+        warnings = [r.getMessage() for r in caplog.records if r.name == "marlkit.unity"]
+        assert len(warnings) == 1 and "is gone" in warnings[0] and "restart 1 of this env" in warnings[0], warnings
+        assert first[0] not in standin_pids(tag) and len(standin_pids(tag)) == 1
+        new = env.reset()
+        for g in env.spec.groups:   # step 0 of episode 0 in every field, every agent deciding
+            assert (new.obs[g][:, 2] == 0).all() and (new.obs[g][:, 3] == 0).all() and new.agent_mask[g].all()
+            assert agent_ids(env, g) == ([0, 1, 4, 5] if g == "team_0" else [2, 3, 6, 7])
+        ob, _, _, _, done = env.step(zero_actions(env))
+        assert not done and (ob.obs["team_0"][:, 2] == 1).all()
+    finally:
+        env.close()
+    assert standin_pids(tag) == []
+
+
+def test_failures_in_a_row_stop_with_one_line_and_leave_no_scene(tmp_path):
+    """Every launch of the scene exits at its first step: two failures in a row end it."""
+    env, tag = make(None, "--die-after", "0", timeout_wait=10, max_failures=2)
+    try:
+        env.reset()
+        assert env.step(zero_actions(env))[4]   # the first failure: relaunched, the episode cut
+        env.reset()
+        with pytest.raises(UnityEnvError) as info:
+            env.step(zero_actions(env))
+    finally:
+        env.close()
+    message = str(info.value)
+    assert "\n" not in message and "is gone" in message, message
+    assert "2 failures in a row (env.max_failures=2)" in message and env.restarts == 1
+    assert standin_pids(tag) == []
+
+
+def test_training_goes_on_over_scenes_that_die(tmp_path):
+    """Two scenes in env workers, each exiting after 50 steps, every launch: the run reaches its
+    step count and saves, and the restarts are counted in its metrics."""
+    import marlkit
+
+    tag = uuid.uuid4().hex
+    result = marlkit.run(agent="MAPPO", env="unity", logger="none", **{
+        "env.file_name": STANDIN, "env.timeout_wait": 10, "env.additional_args": ["--tag", tag, "--die-after", "50"],
+        "runner.parallels": 2, "runner.vectorize": "subprocess", "runner.horizon": 16, "runner.total_steps": 256,
+        "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
+    assert result.steps == 256
+    assert result.metrics["env/restarts"] >= 1
+    assert (result.run_dir / "latest.pt").is_file()
+    assert standin_pids(tag) == []
