@@ -750,3 +750,30 @@ def test_training_goes_on_over_scenes_that_die(tmp_path):
     assert result.metrics["env/restarts"] >= 1
     assert (result.run_dir / "latest.pt").is_file()
     assert standin_pids(tag) == []
+
+
+def test_coma_refuses_multidiscrete_after_one_launch_and_names_flatten_actions(tmp_path):
+    """The refusal comes from the scene's behaviour specs, read from one launch (closed again),
+    before the run's envs start: one player in all, not one per env."""
+    import marlkit
+
+    pids = tmp_path / "pids"
+    script = tmp_path / "build.sh"
+    script.write_text(f'#!/bin/sh\necho $$ >> {pids}\nexec {STANDIN} "$@"\n')
+    script.chmod(0o755)
+    with pytest.raises(ConfigError) as info:
+        marlkit.run(agent="COMA", env="unity", logger="none", **{
+            "env.file_name": str(script), "env.timeout_wait": 20, "runner.parallels": 2,
+            "runner.total_steps": 64, "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
+    message = str(info.value)
+    assert "COMA needs Discrete actions" in message and "set env.flatten_actions: true" in message, message
+    got = launched(pids, 1)
+    assert len(got) == 1 and not running(got[0])
+    # flattened, the same scene trains: one probe, then the run's two envs
+    result = marlkit.run(agent="COMA", env="unity", logger="none", **{
+        "env.file_name": str(script), "env.timeout_wait": 20, "env.flatten_actions": True, "runner.parallels": 2,
+        "runner.horizon": 16, "runner.total_steps": 64, "runner.progress": False,
+        "runner.run_root": str(tmp_path / "runs")})
+    assert result.steps == 64
+    got = launched(pids, 4)
+    assert len(got) == 4 and not any(map(running, got))

@@ -218,6 +218,13 @@ class UnityEnv(MultiAgentEnv):
         return env
 
     @classmethod
+    def probe_spec(cls, cfg: UnityConfig) -> EnvSpec:
+        """The scene's spec from its behaviour specs: one scene launched, read and closed."""
+        from marlkit.envs.factory import make_env
+        with make_env(cfg) as env:
+            return env.spec
+
+    @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.env.file_name is not None:
             return
