@@ -198,12 +198,13 @@ def test_flattened_actions_use_the_exact_joint_mask(tmp_path):
 
 @pytest.mark.parametrize("fault", ["die", "hang", "never"])
 def test_a_broken_scene_is_a_clear_error_within_the_timeout_and_leaves_no_process(fault):
+    """Without ``restart_on_failure`` (a scene that never connects is an error either way)."""
     args = {"die": ["--die-after", "2"], "hang": ["--hang-after", "2"], "never": ["--never-connect"]}[fault]
     timeout = 3
     tag = uuid.uuid4().hex
     start = time.monotonic()
     with pytest.raises(UnityEnvError) as info:
-        env, _ = make(None, *args, tag=tag, timeout_wait=timeout)
+        env, _ = make(None, *args, tag=tag, timeout_wait=timeout, restart_on_failure=False)
         for _ in range(5):
             env.step({g: np.zeros((4, 3), np.int64) for g in env.spec.groups})
     elapsed = time.monotonic() - start
@@ -394,7 +395,8 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
 
 
 def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_no_process(tmp_path):
-    """Subprocess workers, each with its own stand-in; one scene exits after 30 steps."""
+    """Subprocess workers, each with its own stand-in; one scene exits after 30 steps, and is not
+    relaunched (``restart_on_failure: false``)."""
     import marlkit
     from marlkit.errors import EnvWorkerError
 
@@ -403,6 +405,7 @@ def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_
     with pytest.raises(EnvWorkerError) as info:
         marlkit.run(agent="MAPPO", env="unity", logger="none", **{
             "env.file_name": STANDIN, "env.timeout_wait": 5, "env.additional_args": ["--tag", tag, "--die-after", "30"],
+            "env.restart_on_failure": False,
             "runner.parallels": 2, "runner.vectorize": "subprocess", "runner.horizon": 16, "runner.total_steps": 640,
             "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
     message = str(info.value)
@@ -527,3 +530,251 @@ def test_the_editor_path_waits_for_a_scene_that_connects_by_itself(tmp_path):
             editor.wait()
     with pytest.raises(ConfigError, match="is the Unity Editor, which is one env"):
         UnityEnv(UnityConfig(file_name=None), index=1)
+
+
+# ---------------------------------------------------------------------- start and stop
+
+LAUNCHER = """#!/bin/sh
+# a build that starts a child, and neither connects: both note their pid
+echo $$ >> {pids}
+sleep 100000 &
+echo $! >> {pids}
+wait
+"""
+
+
+def launcher(tmp_path) -> tuple[str, Path]:
+    """A stand-in build that starts a child and never connects, and the file its processes' pids go to."""
+    pids = tmp_path / f"pids-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "launcher.sh"
+    script.write_text(LAUNCHER.format(pids=pids))
+    script.chmod(0o755)
+    return str(script), pids
+
+
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def launched(pids: Path, n: int, timeout: float = 30.0) -> list[int]:
+    """The pids of ``n`` launched processes, once they are all written."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = [int(p) for p in pids.read_text().split()] if pids.exists() else []
+        if len(got) >= n:
+            return got
+        time.sleep(0.05)
+    raise AssertionError(f"{n} processes were not launched within {timeout} s: {pids}")
+
+
+def gone_soon(pids: list[int], timeout: float = 5.0) -> list[int]:
+    """The processes of ``pids`` still running after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(map(running, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if running(p)]
+
+
+def test_a_build_that_never_connects_is_killed_with_its_children(tmp_path):
+    """mlagents killed the build's own process at the timeout, and left the children it started."""
+    script, pids = launcher(tmp_path)
+    with pytest.raises(UnityEnvError, match="did not connect"):
+        UnityEnv(UnityConfig(file_name=script, timeout_wait=2))
+    got = launched(pids, 2)
+    assert [p for p in got if running(p)] == []
+
+
+def _script(tmp_path, body: str) -> Path:
+    path = tmp_path / "script.py"
+    path.write_text("import sys\nfrom marlkit.envs.unity import UnityConfig, UnityEnv\n" + body)
+    return path
+
+
+def test_a_killed_parent_takes_its_builds_and_their_children_along(tmp_path):
+    """SIGKILL of the process holding the env, while the build has not connected: nothing in that
+    process runs any more, and the watcher kills the build's process group."""
+    import signal
+    import subprocess
+
+    script, pids = launcher(tmp_path)
+    body = f"UnityEnv(UnityConfig(file_name={script!r}, timeout_wait=120))\n"
+    proc = subprocess.Popen([sys.executable, str(_script(tmp_path, body))])
+    try:
+        got = launched(pids, 2)
+        assert all(map(running, got))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert gone_soon(got) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("parallels", [1, 2])
+def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
+    """Ctrl+C while marlkit waits inside ML-Agents' constructor for the builds to connect (in
+    process for one env, in env workers for two): every build and its child are gone when marlkit
+    has exited."""
+    import signal
+    import subprocess
+
+    script, pids = launcher(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                             "--set", f"env.file_name={script}", "runner.total_steps=1000", f"runner.parallels={parallels}",
+                             f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got = launched(pids, 2 * parallels)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "interrupted before the first checkpoint" in out, out
+    assert [p for p in got if running(p)] == []
+
+
+def test_a_script_that_never_closes_its_env_exits_and_leaves_no_scene(tmp_path):
+    """ML-Agents' server thread kept the interpreter alive at exit; the env closes itself first."""
+    import subprocess
+
+    tag = uuid.uuid4().hex
+    body = (f"env = UnityEnv(UnityConfig(file_name={STANDIN!r}, timeout_wait=20, additional_args=['--tag', {tag!r}]))\n"
+            "env.reset()\nprint(sorted(env.spec.groups))\n")
+    out = subprocess.run([sys.executable, str(_script(tmp_path, body))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "['team_0', 'team_1']" in out.stdout, out.stderr
+    assert gone_soon(standin_pids(tag)) == []
+
+
+def test_the_env_is_a_context_manager(tmp_path):
+    with make(None)[0] as env:
+        tag = env.cfg.additional_args[1]
+        assert len(standin_pids(tag)) == 1
+    assert env._env is None and gone_soon(standin_pids(tag)) == []
+
+
+def test_a_fixed_port_in_use_is_one_line_naming_the_fix(tmp_path):
+    """Two envs on one fixed base_port: the second is refused with the port, the settings and the
+    fix, and nothing else is printed at exit (ML-Agents' half-built env raised in its atexit hook)."""
+    import subprocess
+
+    base = free_base_port(1)
+    body = (f"from marlkit.config import ConfigError\n"
+            f"cfg = UnityConfig(file_name={STANDIN!r}, timeout_wait=20, base_port={base})\n"
+            "first = UnityEnv(cfg)\n"
+            "try:\n    UnityEnv(cfg)\nexcept ConfigError as exc:\n    print(exc)\n"
+            "first.close()\n")
+    out = subprocess.run([sys.executable, str(_script(tmp_path, body))], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == (f"unity env 0: port {base} (env.base_port={base} + env.worker_id=0 + env index 0) "
+                                  "is in use, by another run or program; leave env.base_port null for free ports, "
+                                  "or pick another env.worker_id")
+    assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
+
+
+# ---------------------------------------------------------------------- relaunching a failed scene
+
+def zero_actions(env) -> dict:
+    return {g: np.zeros((gs.n_agents, 3), np.int64) for g, gs in env.spec.groups.items()}
+
+
+def test_a_dead_scene_is_relaunched_and_its_episodes_end_truncated(tmp_path, caplog):
+    """The scene exits at its 4th step: that step ends every agent's episode truncated on what it
+    saw last and ends the env's episode; the reset hands over the relaunched scene's first
+    observation; the restart is logged and counted in the episode statistics."""
+    import logging
+
+    env, tag = make(tmp_path, "--die-after", "3", timeout_wait=10)
+    try:
+        first = standin_pids(tag)
+        ob = env.reset()
+        for _ in range(3):
+            ob, _, _, _, done = env.step(zero_actions(env))
+            assert not done
+        with caplog.at_level(logging.WARNING, "marlkit.unity"):
+            cut, reward, terminated, truncated, done = env.step(zero_actions(env))
+        assert done
+        for g in env.spec.groups:
+            assert truncated[g].all() and not terminated[g].any() and not reward[g].any()
+            np.testing.assert_array_equal(cut.obs[g], ob.obs[g])
+            np.testing.assert_array_equal(cut.final.obs[g], ob.obs[g])
+        assert env.episode_stats() == {"restarts": 1.0}
+        warnings = [r.getMessage() for r in caplog.records if r.name == "marlkit.unity"]
+        assert len(warnings) == 1 and "is gone" in warnings[0] and "restart 1 of this env" in warnings[0], warnings
+        assert first[0] not in standin_pids(tag) and len(standin_pids(tag)) == 1
+        new = env.reset()
+        for g in env.spec.groups:   # step 0 of episode 0 in every field, every agent deciding
+            assert (new.obs[g][:, 2] == 0).all() and (new.obs[g][:, 3] == 0).all() and new.agent_mask[g].all()
+            assert agent_ids(env, g) == ([0, 1, 4, 5] if g == "team_0" else [2, 3, 6, 7])
+        ob, _, _, _, done = env.step(zero_actions(env))
+        assert not done and (ob.obs["team_0"][:, 2] == 1).all()
+    finally:
+        env.close()
+    assert standin_pids(tag) == []
+
+
+def test_failures_in_a_row_stop_with_one_line_and_leave_no_scene(tmp_path):
+    """Every launch of the scene exits at its first step: two failures in a row end it."""
+    env, tag = make(None, "--die-after", "0", timeout_wait=10, max_failures=2)
+    try:
+        env.reset()
+        assert env.step(zero_actions(env))[4]   # the first failure: relaunched, the episode cut
+        env.reset()
+        with pytest.raises(UnityEnvError) as info:
+            env.step(zero_actions(env))
+    finally:
+        env.close()
+    message = str(info.value)
+    assert "\n" not in message and "is gone" in message, message
+    assert "2 failures in a row (env.max_failures=2)" in message and env.restarts == 1
+    assert standin_pids(tag) == []
+
+
+def test_training_goes_on_over_scenes_that_die(tmp_path):
+    """Two scenes in env workers, each exiting after 50 steps, every launch: the run reaches its
+    step count and saves, and the restarts are counted in its metrics."""
+    import marlkit
+
+    tag = uuid.uuid4().hex
+    result = marlkit.run(agent="MAPPO", env="unity", logger="none", **{
+        "env.file_name": STANDIN, "env.timeout_wait": 10, "env.additional_args": ["--tag", tag, "--die-after", "50"],
+        "runner.parallels": 2, "runner.vectorize": "subprocess", "runner.horizon": 16, "runner.total_steps": 256,
+        "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
+    assert result.steps == 256
+    assert result.metrics["env/restarts"] >= 1
+    assert (result.run_dir / "latest.pt").is_file()
+    assert standin_pids(tag) == []
+
+
+def test_coma_refuses_multidiscrete_after_one_launch_and_names_flatten_actions(tmp_path):
+    """The refusal comes from the scene's behaviour specs, read from one launch (closed again),
+    before the run's envs start: one player in all, not one per env."""
+    import marlkit
+
+    pids = tmp_path / "pids"
+    script = tmp_path / "build.sh"
+    script.write_text(f'#!/bin/sh\necho $$ >> {pids}\nexec {STANDIN} "$@"\n')
+    script.chmod(0o755)
+    with pytest.raises(ConfigError) as info:
+        marlkit.run(agent="COMA", env="unity", logger="none", **{
+            "env.file_name": str(script), "env.timeout_wait": 20, "runner.parallels": 2,
+            "runner.total_steps": 64, "runner.progress": False, "runner.run_root": str(tmp_path / "runs")})
+    message = str(info.value)
+    assert "COMA needs Discrete actions" in message and "set env.flatten_actions: true" in message, message
+    got = launched(pids, 1)
+    assert len(got) == 1 and not running(got[0])
+    # flattened, the same scene trains: one probe, then the run's two envs
+    result = marlkit.run(agent="COMA", env="unity", logger="none", **{
+        "env.file_name": str(script), "env.timeout_wait": 20, "env.flatten_actions": True, "runner.parallels": 2,
+        "runner.horizon": 16, "runner.total_steps": 64, "runner.progress": False,
+        "runner.run_root": str(tmp_path / "runs")})
+    assert result.steps == 64
+    got = launched(pids, 4)
+    assert len(got) == 4 and not any(map(running, got))

@@ -73,6 +73,9 @@ class Agent:
     config_cls: type = OnPolicyConfig
     registered_name: str = ""
     learns = True
+    # True when check_group may refuse a group: the runner then asks the env type for its groups
+    # before it starts the envs (a Unity scene is launched once for that, and closed)
+    checks_groups = False
 
     def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
                  seed: int = 0, device: str = "cpu", state_dtype=np.float32, state_channels_last: bool | None = None):
@@ -94,6 +97,10 @@ class Agent:
         """What this agent's rollout storage and update will need, from the spec alone (nothing is
         allocated yet); ``key`` is where ``cfg`` sits in the run config, for the settings to shrink."""
         return MemoryEstimate()
+
+    @classmethod
+    def check_group(cls, group: GroupSpec) -> None:
+        """Reject a group this agent cannot drive (its spaces); see ``checks_groups``."""
 
     def initial_hidden(self, num_envs: int) -> np.ndarray | None:
         return None

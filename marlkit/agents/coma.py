@@ -89,16 +89,26 @@ class COMA(MAPPO):
 
     config_cls = COMAConfig
     uses_state = True
+    checks_groups = True
 
     def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",
                  state_dtype=np.float32, state_channels_last=None):
-        if not isinstance(group.action_space, spaces.Discrete):
-            raise ConfigError(
-                f"agents.{self.registered_name}: COMA needs Discrete actions (one Q-value per action), but group "
-                f"{group.name!r} has {group.action_space}; run that group with MAPPO or IPPO "
-                f"(groups: {{{group.name}: {{agent: MAPPO}}}})")
+        self.check_group(group)
         super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last)
         self.updates = 0
+
+    @classmethod
+    def check_group(cls, group) -> None:
+        space = group.action_space
+        if isinstance(space, spaces.Discrete):
+            return
+        # one Discrete over the joint choices has one Q-value per joint action
+        flatten = "set env.flatten_actions: true (one Discrete over the joint choices, masked), or " \
+            if isinstance(space, spaces.MultiDiscrete) else ""
+        raise ConfigError(
+            f"agents.{cls.registered_name}: COMA needs Discrete actions (one Q-value per action), but group "
+            f"{group.name!r} has {space}; {flatten}run that group with MAPPO or IPPO "
+            f"(groups: {{{group.name}: {{agent: MAPPO}}}})")
 
     @classmethod
     def check_config(cls, cfg: COMAConfig, runner, key: str) -> None:

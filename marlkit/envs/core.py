@@ -85,6 +85,12 @@ class MultiAgentEnv:
         """Settings of a run (``cfg``: the RunConfig, ``cfg.env`` this type's config) that this env
         type cannot run with, raised as ConfigError before any env starts."""
 
+    @classmethod
+    def probe_spec(cls, cfg) -> EnvSpec | None:
+        """The spec of this type's envs (``cfg``: its env config) learnt without starting a vector
+        env, where that saves launching processes only to be refused; None: the vector env tells."""
+        return None
+
     def reset(self, seed: int | None = None) -> Observation:
         raise NotImplementedError
 
@@ -104,6 +110,12 @@ class MultiAgentEnv:
 
     def close(self) -> None:
         pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def empty_observation(spec: EnvSpec, batch: tuple[int, ...] = ()) -> Observation:

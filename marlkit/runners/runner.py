@@ -30,7 +30,7 @@ from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, R
                             TrainingDivergedError)
 from marlkit.logger import Logger
 from marlkit.memory import check_fits
-from marlkit.registry import closest, get_agent
+from marlkit.registry import closest, get_agent, get_env_type
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
@@ -127,6 +127,17 @@ class Runner:
                               f"choose one of {', '.join(groups)}, or null for the mean over the learning groups")
         return {g: (self.cfg.groups[g].agent if g in self.cfg.groups and self.cfg.groups[g].agent
                     else self.cfg.agent) for g in groups}
+
+    def _check_groups(self) -> None:
+        """Agents that refuse some groups (their spaces) do so before the envs start, where the env
+        type can tell its spec without them."""
+        names = {self.cfg.agent, *(g.agent for g in self.cfg.groups.values() if g.agent)}
+        if not any(get_agent(name).checks_groups for name in names):
+            return
+        spec = get_env_type(self.cfg.env.type).probe_spec(self.cfg.env)
+        if spec is not None:
+            for g, name in self._group_agent_names(spec.groups).items():
+                get_agent(name).check_group(spec.groups[g])
 
     def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
         """One agent per group; weights from ``--load`` (every group) or a group's own ``load``."""
@@ -225,6 +236,7 @@ class Runner:
         state, finished = None, False
         with terminate_as_interrupt():
             try:
+                self._check_groups()
                 self.venv = self._make_venv()
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
@@ -470,6 +482,7 @@ class Runner:
         with terminate_as_interrupt():
             try:
                 render = cfg.render
+                self._check_groups()
                 self.venv = self._make_venv(rc.test_envs(render), render=render, vectorize="sync")
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
                 self._open_run_dir()

@@ -11,14 +11,13 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
-import signal
 import socket
 import tempfile
 import time
 from dataclasses import replace
 from multiprocessing.connection import wait
 
-from marlkit.envs import ports
+from marlkit.envs import ports, processes
 from marlkit.envs.doom import worker
 from marlkit.envs.doom.worker import PlayerSettings
 
@@ -33,16 +32,6 @@ def free_port() -> int:
     """A UDP port for the host (all interfaces), outside the range the joiners' sockets draw from;
     should another process take it before the host binds it, :meth:`DoomMatch.start` retries."""
     return ports.free_port(socket.SOCK_DGRAM, "0.0.0.0")
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _state(pid: int) -> str | None:
@@ -155,11 +144,7 @@ class DoomMatch:
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
         for pgid in self.pgids:
-            if _group_alive(pgid):
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            processes.kill_group(pgid)
         for proc in self.procs:
             proc.join(1.0)
         for conn in self.conns:

@@ -29,6 +29,8 @@ Editor connects when Play is pressed.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import socket
 from dataclasses import dataclass, field
@@ -37,10 +39,12 @@ from typing import Optional
 import numpy as np
 from gymnasium import spaces
 
-from marlkit.config import ConfigError, EnvConfig
+from marlkit.config import ConfigError, EnvConfig, _range
 from marlkit.envs import ports
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation
 from marlkit.registry import register_env
+
+log = logging.getLogger("marlkit.unity")
 
 ENGINE_SETTINGS = ("width", "height", "quality_level", "time_scale", "target_frame_rate", "capture_frame_rate")
 INTEGER_SETTINGS = ("width", "height", "quality_level", "target_frame_rate", "capture_frame_rate")
@@ -62,6 +66,8 @@ class UnityConfig(EnvConfig):
     group_reward_weight: float = 1.0
     flatten_actions: bool = False                # MultiDiscrete -> one Discrete with the joint action mask
     max_agents: dict[str, int] = field(default_factory=dict)   # slots per group for agents that appear later
+    restart_on_failure: bool = True              # relaunch a scene that exits or stops answering (counted, logged)
+    max_failures: int = field(default=3, metadata=_range(1))   # scene failures in a row that stop the run
 
 
 class UnityEnvError(RuntimeError):
@@ -122,13 +128,10 @@ class _Behaviour:
 
     def __init__(self, name: str, group: str, spec, agent_ids: np.ndarray, capacity: int):
         self.name, self.group, self.spec = name, group, spec
-        ids = sorted(int(i) for i in agent_ids)
-        if capacity < len(ids):
-            raise ConfigError(f"env.max_agents.{group}={capacity} is smaller than the {len(ids)} agents of "
-                              f"behaviour {name!r} at reset")
         self.capacity = capacity
-        self.slot: dict[int, int] = {i: s for s, i in enumerate(ids)}
+        self.slot: dict[int, int] = {}
         self._slots_of: dict[bytes, tuple] = {}
+        self.rebind(agent_ids)
         shapes = [tuple(int(n) for n in o.shape) for o in spec.observation_specs]
         self.order = sorted(range(len(shapes)), key=lambda i: len(shapes[i]) != 3)   # images first
         self.obs_shape = shapes[0] if len(shapes) == 1 and len(shapes[0]) == 3 \
@@ -148,6 +151,15 @@ class _Behaviour:
             self.action_space = spaces.Box(-1.0, 1.0, (self.n_continuous,), np.float32)
         self.deciding = np.zeros(0, np.int64)   # slots of the agents whose action the scene awaits
         self.deciding_index: np.ndarray | slice = self.deciding
+
+    def rebind(self, agent_ids: np.ndarray) -> None:
+        """Slots for the agents present at a (re)launch: in the order of their ids."""
+        ids = sorted(int(i) for i in agent_ids)
+        if self.capacity < len(ids):
+            raise ConfigError(f"env.max_agents.{self.group}={self.capacity} is smaller than the {len(ids)} agents "
+                              f"of behaviour {self.name!r} at reset")
+        self.slot = {i: s for s, i in enumerate(ids)}
+        self._slots_of.clear()
 
     def slots(self, agent_ids: np.ndarray) -> np.ndarray:
         """Slots of ``agent_ids``, giving new ids the next free slots; the answer for an id list
@@ -206,6 +218,13 @@ class UnityEnv(MultiAgentEnv):
         return env
 
     @classmethod
+    def probe_spec(cls, cfg: UnityConfig) -> EnvSpec:
+        """The scene's spec from its behaviour specs: one scene launched, read and closed."""
+        from marlkit.envs.factory import make_env
+        with make_env(cfg) as env:
+            return env.spec
+
+    @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.env.file_name is not None:
             return
@@ -222,8 +241,7 @@ class UnityEnv(MultiAgentEnv):
                               f"{key} is {used}: set {key}=1, or point env.file_name at a build")
 
     def __init__(self, cfg: UnityConfig, index: int = 0):
-        environment = _import_mlagents()
-        from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
+        _import_mlagents()
         from mlagents_envs.side_channel.engine_configuration_channel import EngineConfigurationChannel
         from mlagents_envs.side_channel.environment_parameters_channel import EnvironmentParametersChannel
 
@@ -237,35 +255,53 @@ class UnityEnv(MultiAgentEnv):
         parameters = EnvironmentParametersChannel()
         for key, value in cfg.parameters.items():
             parameters.set_float_parameter(key, float(value))
+        self._side_channels = [engine, parameters]
         self._env = None
-        for attempt in range(5):
-            if cfg.base_port is None:
-                base_port, worker_id = (free_port(), 0) if cfg.file_name is not None else (None, 0)
-            else:
-                base_port, worker_id = cfg.base_port, cfg.worker_id + index
-            try:
-                self._env = environment.UnityEnvironment(
-                    file_name=cfg.file_name, worker_id=worker_id, base_port=base_port, seed=cfg.seed + index,
-                    no_graphics=cfg.no_graphics, timeout_wait=cfg.timeout_wait,
-                    additional_args=list(cfg.additional_args), side_channels=[engine, parameters])
-                break
-            except UnityWorkerInUseException:
-                if cfg.base_port is not None or attempt == 4:
-                    raise
-            except UnityTimeOutException:  # mlagents has already killed the process it launched
-                where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
-                raise UnityEnvError(f"unity env {index}: {where} did not connect to port {base_port or 5004} "
-                                    f"within env.timeout_wait={cfg.timeout_wait} s") from None
-            except UnityEnvironmentException as exc:  # no such file, or the process exited before connecting
-                raise UnityEnvError(f"unity env {index}: env.file_name={cfg.file_name!r} could not be started "
-                                    f"or exited before connecting: {exc}") from None
-        self.port = self._env._port
+        self.restarts = 0          # scenes relaunched after a failure, over the env's life
+        self._failures = 0         # failures since the last exchange that went through
+        self._last: Observation | None = None   # what the agents saw last: the final obs of a cut episode
+        self._connect()
         try:
             self._call(self._env.reset, "resetting")
             self._build_spec()
         except BaseException:
             self.close()
             raise
+
+    def _connect(self) -> None:
+        """Launch the build (or wait for the Editor) and complete ML-Agents' handshake."""
+        from marlkit.envs.unity.player import Player
+        from mlagents_envs.exception import UnityEnvironmentException, UnityTimeOutException, UnityWorkerInUseException
+        cfg, index = self.cfg, self.index
+        for attempt in range(5):
+            if cfg.base_port is None:
+                port = free_port() if cfg.file_name is not None else None
+            else:
+                port = cfg.base_port + cfg.worker_id + index
+            try:
+                self._env = Player(cfg.file_name, port, seed=cfg.seed + index, no_graphics=cfg.no_graphics,
+                                   timeout_wait=cfg.timeout_wait, additional_args=list(cfg.additional_args),
+                                   side_channels=self._side_channels)
+                break
+            except UnityWorkerInUseException:
+                if cfg.base_port is not None:
+                    raise ConfigError(
+                        f"unity env {index}: port {port} (env.base_port={cfg.base_port} + env.worker_id="
+                        f"{cfg.worker_id} + env index {index}) is in use, by another run or program; leave "
+                        "env.base_port null for free ports, or pick another env.worker_id") from None
+                if cfg.file_name is None:
+                    raise ConfigError(f"unity env {index}: port {port or 5004}, where the Unity Editor connects, "
+                                      "is in use, by another run or program; stop that one first") from None
+                if attempt == 4:
+                    raise
+            except UnityTimeOutException:  # the player's process group is gone
+                where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
+                raise UnityEnvError(f"unity env {index}: {where} did not connect to port {port or 5004} "
+                                    f"within env.timeout_wait={cfg.timeout_wait} s") from None
+            except UnityEnvironmentException as exc:  # no such file, or the process exited before connecting
+                raise UnityEnvError(f"unity env {index}: env.file_name={cfg.file_name!r} could not be started "
+                                    f"or exited before connecting: {exc}") from None
+        self.port = self._env._port
 
     def _call(self, fn, what: str):
         """Run one exchange with the scene; a scene that stops answering or exits becomes a
@@ -304,18 +340,18 @@ class UnityEnv(MultiAgentEnv):
                                           channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts)
         state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
         self.spec = EnvSpec(groups, (state_dim,))
-        self._first = self._observe()[0]
+        self._first = self._last = self._observe()[0]
 
     # ------------------------------------------------------------------ contract
 
     def reset(self, seed: int | None = None) -> Observation:
         """The scene restarts its episodes on its own; the first call hands over the observation
         of the reset done at connection, later calls reset the scene."""
-        if self._first is not None:
-            first, self._first = self._first, None
-            return first
-        self._call(self._env.reset, "resetting")
-        return self._observe()[0]
+        if self._first is None and self._exchange(self._env.reset, "resetting"):
+            self._last = self._observe()[0]
+            return self._last
+        first, self._first = self._first, None
+        return first
 
     def step(self, actions: dict[str, np.ndarray]):
         from mlagents_envs.base_env import ActionTuple
@@ -332,9 +368,74 @@ class UnityEnv(MultiAgentEnv):
                 discrete = chosen[:, n:] if chosen.dtype.kind in "iu" else np.rint(chosen[:, n:])
                 discrete = discrete.astype(np.int32)
             self._env.set_actions(beh.name, ActionTuple(continuous=continuous, discrete=discrete))
-        self._call(self._env.step, "stepping")
+        if not self._exchange(self._env.step, "stepping"):
+            return self._cut()
         ob, reward, terminated, truncated = self._observe()
+        self._last = ob
         return ob, reward, terminated, truncated, False
+
+    def episode_stats(self) -> dict[str, float]:
+        """Asked when the env's episode ends, which in a scene happens only when it is relaunched."""
+        return {"restarts": float(self.restarts)}
+
+    # ------------------------------------------------------------------ failures
+
+    def _exchange(self, fn, what: str) -> bool:
+        """One exchange; False when the scene failed and was relaunched instead (``restart_on_failure``)."""
+        try:
+            self._call(fn, what)
+        except UnityEnvError as exc:
+            if not self.cfg.restart_on_failure:
+                raise
+            self._relaunch(exc)
+            return False
+        self._failures = 0
+        return True
+
+    def _relaunch(self, exc: UnityEnvError) -> None:
+        """Launch the scene again until it answers, ``max_failures`` failures in a row at most."""
+        self._cut_slots = {beh.group: np.fromiter(beh.slot.values(), np.int64) for beh in self.behaviours}
+        while True:
+            self._failures += 1
+            if self._failures >= self.cfg.max_failures:
+                raise UnityEnvError(f"{exc}; that is {self._failures} failures in a row (env.max_failures="
+                                    f"{self.cfg.max_failures}), so the scene is not relaunched again") from None
+            self.restarts += 1
+            log.warning("%s; relaunching the scene (restart %d of this env)", exc, self.restarts)
+            try:
+                self._connect()
+                self._call(self._env.reset, "resetting")
+            except UnityEnvError as again:
+                exc = again
+                continue
+            self._rebind()
+            return
+
+    def _rebind(self) -> None:
+        """Agent slots from the relaunched scene, whose behaviours must be the first launch's."""
+        specs = self._env.behavior_specs
+        if sorted(specs) != [beh.name for beh in self.behaviours] or \
+                any(specs[beh.name] != beh.spec for beh in self.behaviours):
+            self.close()
+            raise EnvAPIError(f"unity env {self.index}: the relaunched scene has other behaviours or spaces "
+                              f"({sorted(specs)}) than at the start ({[beh.name for beh in self.behaviours]})")
+        for beh in self.behaviours:
+            decision, terminal = self._env.get_steps(beh.name)
+            beh.rebind(np.union1d(decision.agent_id, terminal.agent_id))
+        self._first = self._observe()[0]
+
+    def _cut(self):
+        """The step that met a relaunch: every agent's episode ends truncated on what it saw last,
+        and the env's episode ends, so that the next reset hands over the new scene's first
+        observation."""
+        last = self._last
+        cut = dataclasses.replace(last, final=dataclasses.replace(last, final=None))
+        reward = {g: np.zeros_like(m, np.float32) for g, m in last.agent_mask.items()}
+        terminated = {g: np.zeros_like(m) for g, m in last.agent_mask.items()}
+        truncated = {g: np.zeros_like(m) for g, m in last.agent_mask.items()}
+        for g, slots in self._cut_slots.items():
+            truncated[g][slots] = True
+        return cut, reward, terminated, truncated, True
 
     def _observe(self):
         w = self.cfg.group_reward_weight

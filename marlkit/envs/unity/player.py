@@ -1,0 +1,85 @@
+"""One Unity scene behind mlagents' ``UnityEnvironment``, whose player marlkit launches and stops.
+
+Left to itself, ``UnityEnvironment`` launches a build inside its constructor, so an interrupt while
+it waits for the player to connect leaves the player running (the constructor never hands the
+process over); on a timeout or close it kills the build's own process but not the children a
+launcher script started; and its gRPC server thread, blocked in an exchange, keeps the
+interpreter from exiting when a script ends without ``close()`` (its atexit hook runs only after
+that thread is joined). Here ``UnityEnvironment`` serves the port alone, as it does for the
+Editor; the build is launched through :mod:`marlkit.envs.processes` (its own process group,
+watched from the moment it exists) right before the handshake, and every exit path kills that
+group. Live scenes are closed before the interpreter joins its threads.
+
+Imported only when a unity env is built (it imports mlagents-envs).
+"""
+from __future__ import annotations
+
+import atexit
+import threading
+import weakref
+
+from mlagents_envs import env_utils
+from mlagents_envs.environment import UnityEnvironment
+from mlagents_envs.exception import UnityEnvironmentException
+
+from marlkit.envs import processes
+
+EXIT_GRACE = 5.0   # seconds a scene gets to quit on its own at interpreter exit
+
+
+class Player(UnityEnvironment):
+    """``UnityEnvironment`` for the build ``file_name`` (None: the Editor, nothing is launched),
+    listening on ``port`` (None: ML-Agents' Editor port)."""
+
+    def __init__(self, file_name: str | None, port: int | None, **kwargs):
+        self._build = file_name
+        self._process = None
+        try:
+            super().__init__(file_name=None, worker_id=0, base_port=port, **kwargs)
+        except BaseException:
+            self._close(0)
+            raise
+        # closed by _close_live, before the server threads are joined; mlagents' own hook would
+        # also keep every scene ever opened alive
+        atexit.unregister(self._close)
+        _LIVE.add(self)
+
+    def _send_academy_parameters(self, init_parameters):
+        # the server listens by now: the player may connect as soon as it runs
+        if self._build is not None:
+            launch_string = env_utils.validate_environment_path(self._build)
+            if launch_string is None:
+                raise UnityEnvironmentException(f"Couldn't launch the {self._build} environment. "
+                                                "Provided filename does not match any environments.")
+            try:
+                self._process = processes.launch([launch_string, *self._executable_args()])
+            except PermissionError:
+                raise UnityEnvironmentException(f"{launch_string} is not executable; chmod +x it") from None
+        return super()._send_academy_parameters(init_parameters)
+
+    def _close(self, timeout: float | None = None) -> None:
+        """Status 400 to the scene, then ``timeout`` seconds (default ``timeout_wait``) for its
+        player to quit before its process group is killed; safe to call more than once, and on a
+        half-built instance."""
+        atexit.unregister(self._close)
+        _LIVE.discard(self)
+        self._loaded = False
+        communicator = getattr(self, "_communicator", None)
+        if communicator is not None:
+            communicator.close()
+        process, self._process = self._process, None
+        if process is not None:
+            processes.stop(process, self._timeout_wait if timeout is None else timeout)
+
+
+_LIVE: "weakref.WeakSet[Player]" = weakref.WeakSet()
+
+
+def _close_live() -> None:
+    for player in list(_LIVE):
+        player._close(EXIT_GRACE)
+
+
+# Run at interpreter exit before non-daemon threads are joined (atexit runs after), and before
+# concurrent.futures joins the server's thread pool (registered earlier, run later).
+threading._register_atexit(_close_live)
