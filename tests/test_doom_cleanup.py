@@ -14,6 +14,8 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
+from marlkit.runners.checkpoint import read_steps
+
 from test_doom import alive, gone_within
 
 PLAYERS, ENVS = 2, 2
@@ -183,13 +185,18 @@ def kill_a_player(w: Watched) -> int:
 def test_player_worker_killed(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8) + ["env.restart_on_failure=false"], tmp_path)
     w.until(w.training(tmp_path / "runs"))
-    time.sleep(1.0)
+    time.sleep(3.0)                                  # some rollouts of 2 envs x 8 steps in
     worker = kill_a_player(w)
     start = time.monotonic()
     rc, stderr = w.finish()
     assert rc != 0 and time.monotonic() - start < 30
     assert re.search(rf"env \d: player_\d \(pid {worker}\) died with exit code -9", stderr), stderr
     w.assert_all_gone(seconds=2)
+    # the rollouts done before the failure are saved, and the message says how to go on
+    [latest] = (tmp_path / "runs").rglob("latest.pt")
+    steps = read_steps(latest)
+    assert steps > 0 and steps % 16 == 0
+    assert f"the run up to step {steps} is saved in {latest}" in stderr and "marlkit --resume" in stderr
 
 
 def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path, watch):

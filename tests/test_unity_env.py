@@ -411,6 +411,11 @@ def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_
     message = str(info.value)
     assert "is gone" in message and "while stepping" in message and "unity env" in message, message
     assert time.monotonic() - start < 60
+    # the first rollout (2 envs x 16 steps) was done when the scene died in the second: it is kept
+    from marlkit.runners.checkpoint import read_steps
+    [latest] = (tmp_path / "runs").rglob("latest.pt")
+    assert read_steps(latest) == 32
+    assert f"the run up to step 32 is saved in {latest}" in " ".join(info.value.__notes__)
     time.sleep(0.5)
     assert standin_pids(tag) == []
     # the env workers (spawned children running multiprocessing's spawn_main) are gone too
