@@ -1,4 +1,6 @@
 """An env that breaks its own API gets an error naming the agent and the step."""
+import logging
+
 import numpy as np
 import pytest
 
@@ -68,3 +70,29 @@ def test_not_a_parallel_env(env_yaml, tiny):
     path = env_yaml("toy_envs:not_parallel")
     with pytest.raises(ConfigError, match="env factory returned dict, not a PettingZoo ParallelEnv"):
         marlkit.run(agent="MAPPO", env=path, **tiny)
+
+
+@pytest.mark.parametrize("how", ["raise", "shape"])
+def test_a_state_that_fails_keeps_the_last_one_with_one_warning(how, caplog, monkeypatch):
+    """Each episode's last step has no state(); the step before's stands in, and the warning, naming
+    the env and env.state, comes once however often it happens, from however many copies."""
+    from marlkit.envs import pettingzoo
+    from toy_envs import FailingStateEnv
+
+    monkeypatch.setattr(pettingzoo, "_STATE_FAILED", set())
+    env, twin = (PettingZooEnv(FailingStateEnv(how=how, length=4)) for _ in range(2))
+    with caplog.at_level(logging.WARNING, logger="marlkit.pettingzoo"):
+        for episode in range(3):
+            obs = env.reset(seed=episode)
+            states = [obs.state.copy()]
+            over = False
+            while not over:
+                obs, *_, over = env.step({g: np.zeros(gs.n_agents, np.int64) for g, gs in env.groups.items()})
+                states.append(obs.state.copy())
+            assert [s[0] for s in states] == [0, 1, 2, 3, 3]        # the last step repeats step 3's state
+        twin.reset(seed=0)
+        for _ in range(4):
+            twin.step({g: np.zeros(gs.n_agents, np.int64) for g, gs in twin.groups.items()})
+    warnings = [r for r in caplog.records if r.name == "marlkit.pettingzoo"]
+    assert len(warnings) == 1
+    assert "scripted_v0" in warnings[0].getMessage() and "env.state: concat" in warnings[0].getMessage()

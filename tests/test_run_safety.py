@@ -511,3 +511,33 @@ def test_the_memory_estimate_follows_the_rollout_and_the_minibatch():
 def replace_minibatches(agent_cfg, n):
     from dataclasses import replace
     return replace(agent_cfg, minibatches=n)
+
+
+SCRIPT = """
+import marlkit
+{indent}marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **{{"runner.vectorize": "subprocess",
+{indent}    "runner.parallels": 2, "runner.horizon": 25, "runner.total_steps": 100, "runner.progress": False,
+{indent}    "runner.run_root": {root!r}}})
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path, guarded):
+    """Worker processes start by importing the main script again: unguarded, marlkit refuses before
+    starting any, instead of a RuntimeError from every worker."""
+    body = SCRIPT.format(indent="    " if guarded else "", root=str(tmp_path / "runs"))
+    if guarded:
+        body = body.replace("import marlkit\n", "import marlkit\nif __name__ == \"__main__\":\n")
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cli_env(), timeout=300)
+    if guarded:
+        assert out.returncode == 0, out.stderr
+        assert run_dirs(tmp_path / "runs")
+        return
+    assert out.returncode == 1
+    assert "bootstrapping phase" not in out.stderr and out.stderr.count("Traceback") == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"marlkit.errors.ConfigError: {script}, line 3, starts marlkit at the top level")
+    assert 'put the code that runs marlkit under `if __name__ == "__main__":`' in last
+    assert not (tmp_path / "runs").exists()

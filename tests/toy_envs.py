@@ -212,6 +212,28 @@ def broken(**kwargs):
     return BrokenEnv(**kwargs)
 
 
+class FailingStateEnv(ScriptedEnv):
+    """Has a ``state()`` of 5 values (the step and each agent's presence) that, as sisl multiwalker's
+    does when a walker falls, fails at the episode's last step: ``how`` = 'raise' or 'shape' (a
+    wrong-sized array)."""
+
+    def __init__(self, how="raise", **kwargs):
+        super().__init__(**kwargs)
+        self.how = how
+        self.state_space = spaces.Box(-10, 10, (5,), np.float32)
+
+    def state(self):
+        if self.t >= self.length:
+            if self.how == "raise":
+                raise AttributeError("'NoneType' object has no attribute 'position'")
+            return np.zeros(7, np.float32)
+        return np.array([self.t, 1.0, *(a in self.agents for a in self.possible_agents)], np.float32)
+
+
+def failing_state(**kwargs):
+    return FailingStateEnv(**kwargs)
+
+
 class CrashingEnv(ScriptedEnv):
     """'exit': the process dies at step ``at`` (as a segfaulting game would); 'hang': it sleeps."""
 

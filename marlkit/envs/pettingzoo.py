@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import inspect
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
@@ -23,6 +24,9 @@ from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Ob
 from marlkit.registry import register_env
 from marlkit.envs.wrappers import resize_images
 from marlkit.spec import is_channels_last
+
+log = logging.getLogger("marlkit.pettingzoo")
+_STATE_FAILED: set[str] = set()   # envs whose state() failed (and was warned of) in this process
 
 
 @dataclass
@@ -189,6 +193,7 @@ class PettingZooEnv(MultiAgentEnv):
                             state_channels_last=False if self._stacked_state else None)
         self._t = 0
         self._checked_first_episode = False
+        self._last_state = np.zeros(state_shape, np.float32)
 
     @staticmethod
     def _strip_mask_space(space):
@@ -235,12 +240,31 @@ class PettingZooEnv(MultiAgentEnv):
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
                 out.action_mask[g][i] = mask
         if self._env_state:
-            out.state[:] = self.env.state()
+            out.state[:] = self._env_state_now()
         elif self._stacked_state:
             out.state[:] = np.concatenate([_channels_first(o) for o in out.obs.values()])
         else:
             out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()]) if self.groups else 0
         return out
+
+    def _env_state_now(self) -> np.ndarray:
+        """``env.state()``, or where it raises or returns another shape (sisl multiwalker's state()
+        fails on the step a walker falls), the last state it gave, with one warning per env name
+        and process (every copy of a vector env fails alike)."""
+        try:
+            state = np.asarray(self.env.state(), np.float32)
+            if state.shape == self.spec.state_shape:
+                self._last_state = state
+                return state
+            problem = f"returned shape {state.shape}, not its state_space's {self.spec.state_shape}"
+        except Exception as exc:
+            problem = f"raised {type(exc).__name__}: {exc}"
+        name = getattr(self.env, "metadata", {}).get("name", type(self.env).__name__)
+        if name not in _STATE_FAILED:
+            _STATE_FAILED.add(name)
+            log.warning("%s: env.state() %s at step %d; such steps keep the last state it gave (set env.state: "
+                        "concat to build the global state from the agents' observations instead)", name, problem, self._t)
+        return self._last_state
 
     def _env_action(self, agent: str, action: np.ndarray):
         space = self._act_space[agent]

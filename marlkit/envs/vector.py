@@ -27,6 +27,7 @@ from gymnasium.utils import EzPickle
 
 from marlkit.envs.core import (EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult, action_layout,
                                empty_observation, group_arrays)
+from marlkit.envs.main_guard import check_main_guarded
 from marlkit.errors import ConfigError
 
 EnvFactory = Callable[[], MultiAgentEnv]
@@ -480,6 +481,8 @@ class SubprocVectorEnv(VectorEnv):
     def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
                  start_method: str = "spawn", start_timeout: float = 120.0):
         super().__init__()
+        if start_method != "fork":
+            check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)")
         self.num_envs = len(env_fns)
         num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
         self.timeout = timeout

@@ -20,6 +20,7 @@ from multiprocessing.connection import wait
 from marlkit.envs import ports, processes
 from marlkit.envs.doom import worker
 from marlkit.envs.doom.worker import PlayerSettings
+from marlkit.envs.main_guard import check_main_guarded
 
 log = logging.getLogger("marlkit.doom")
 
@@ -113,6 +114,7 @@ class DoomMatch:
                               f"last error: {errors[-1]}")
 
     def _start_once(self, port: int) -> None:
+        check_main_guarded("ViZDoom's player processes")
         ctx = mp.get_context("spawn")
         self.work_dir = tempfile.mkdtemp(prefix="marlkit-doom-")
         barrier = ctx.Barrier(self.players)
