@@ -19,7 +19,15 @@ class EnvAPIError(RuntimeError):
 
 
 class EnvWorkerError(RuntimeError):
-    """A vector-env worker died, hung or raised; the message names the env index."""
+    """A vector-env worker died, hung or raised; the message (one line) names the env index, and
+    ``worker_traceback`` holds the worker's traceback where it raised."""
+
+    def __init__(self, message: str, worker_traceback: str | None = None):
+        super().__init__(message)
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self):
+        return type(self), (str(self), self.worker_traceback)
 
 
 class RunInterrupted(KeyboardInterrupt):

@@ -541,3 +541,30 @@ def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path
     assert last.startswith(f"marlkit.errors.ConfigError: {script}, line 3, starts marlkit at the top level")
     assert 'put the code that runs marlkit under `if __name__ == "__main__":`' in last
     assert not (tmp_path / "runs").exists()
+
+
+def test_an_env_error_in_a_worker_is_one_line_and_its_traceback_goes_to_the_run_directory(tmp_path, env_yaml):
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 60})
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=100000",
+              "runner.vectorize=subprocess", *TINY)
+    assert out.returncode == 1, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    [run] = run_dirs(root)
+    assert line.startswith("marlkit: EnvWorkerError: env ") and "the env returned no observation for agent 'agent_1'" in line
+    assert line.endswith(f"the worker's traceback is in {run / 'error.log'}")
+    log = (run / "error.log").read_text()
+    assert "worker traceback:\nTraceback (most recent call last):" in log and "in _observe" in log
+
+
+def test_an_env_that_fails_to_start_in_a_worker_is_one_line_and_leaves_no_run(tmp_path, env_yaml):
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:crashing", {"mode": "raise_on_create"})
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.vectorize=subprocess", *TINY)
+    assert out.returncode == 1, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "raised while creating the env: RuntimeError: no engine here" in line
+    where = Path(line.rsplit("the worker's traceback is in ", 1)[1])
+    assert "no engine here" in where.read_text()
+    where.unlink()
+    assert not root.exists() or not any(root.rglob("*"))

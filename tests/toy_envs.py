@@ -235,9 +235,12 @@ def failing_state(**kwargs):
 
 
 class CrashingEnv(ScriptedEnv):
-    """'exit': the process dies at step ``at`` (as a segfaulting game would); 'hang': it sleeps."""
+    """'exit': the process dies at step ``at`` (as a segfaulting game would); 'hang': it sleeps;
+    'raise_on_create': the env cannot even be built (as a game whose engine is missing)."""
 
     def __init__(self, mode="exit", at=3, **kwargs):
+        if mode == "raise_on_create":
+            raise RuntimeError("no engine here")
         super().__init__(**kwargs)
         self.mode, self.at, self.steps = mode, at, 0
 

@@ -31,6 +31,9 @@ def check_main_guarded(what: str) -> None:
     """Raise a ConfigError when the main script is running its top level right now (it called us
     from there) and that line is not inside an ``if __name__ == "__main__":`` block. ``what`` says
     what is about to start worker processes, for the message."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
+        return   # ``python -m package``: multiprocessing does not import a package's __main__ again
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
         frame = frame.f_back

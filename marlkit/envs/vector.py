@@ -553,7 +553,7 @@ class SubprocVectorEnv(VectorEnv):
             if config_error is not None:
                 raise config_error
             where = f"env {env_index}" if env_index is not None else self._describe(w)
-            raise EnvWorkerError(f"{where} raised while {what}: {summary}\n\nworker traceback:\n{tb}")
+            raise EnvWorkerError(f"{where} raised while {what}: {summary}", worker_traceback=tb)
         return payload
 
     def _gather(self, workers, what: str, timeout: float | None = None) -> list:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import random
 import shutil
+import tempfile
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -233,7 +235,7 @@ class Runner:
     def train(self, evaluate: bool = False) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
         stop = StopRequest()
-        state, finished = None, False
+        state, finished, failure = None, False, None
         with terminate_as_interrupt():
             try:
                 self._check_groups()
@@ -257,11 +259,31 @@ class Runner:
                 if isinstance(exc, RunInterrupted):
                     raise
                 raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
+            except Exception as exc:
+                failure = exc
+                raise
             finally:
                 self.close()
                 if not finished and not cfg.resume and (state is None or state["steps"] == 0):
                     self._discard_run_dir()
+                if failure is not None:
+                    self._keep_worker_traceback(failure)
         return result
+
+    def _keep_worker_traceback(self, exc: Exception) -> None:
+        """An env worker's traceback goes to ``error.log`` in the run directory (or, for a run that
+        left none, a temp file), so that the error itself stays one line that says where it is."""
+        traceback = getattr(exc, "worker_traceback", None)
+        if not traceback:
+            return
+        if self.run_dir is not None:
+            path = self.run_dir / "error.log"
+        else:
+            fd, name = tempfile.mkstemp(prefix="marlkit-error-", suffix=".log")
+            os.close(fd)
+            path = Path(name)
+        path.write_text(f"{type(exc).__name__}: {exc}\n\nworker traceback:\n{traceback}")
+        exc.add_note(f"the worker's traceback is in {path}")
 
     def _discard_run_dir(self) -> None:
         """A new run that stopped before its first step leaves nothing behind (its directory would

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -227,6 +228,7 @@ class UnityEnv(MultiAgentEnv):
     @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.env.file_name is not None:
+            cls._check_build(cfg.env.file_name)
             return
         # the Editor is one scene on one port: one env, and no second one to evaluate on
         if cfg.mode == "benchmark":
@@ -239,6 +241,19 @@ class UnityEnv(MultiAgentEnv):
         if used > 1:
             raise ConfigError(f"env.file_name is null, so the env is the Unity Editor, which is one scene, but "
                               f"{key} is {used}: set {key}=1, or point env.file_name at a build")
+
+    @staticmethod
+    def _check_build(file_name: str) -> None:
+        """A build that is not there, or not executable, is a configuration error found before any
+        launch (ML-Agents' own lookup, which also tries the platform's extensions)."""
+        _import_mlagents()
+        from mlagents_envs.env_utils import validate_environment_path
+        launch = validate_environment_path(file_name)
+        if launch is None:
+            raise ConfigError(f"env.file_name={file_name!r}: no Unity build there (also tried with .x86_64 and "
+                              ".x86); point it at the build's executable, or set it to null to train in the Editor")
+        if not os.access(launch, os.X_OK):
+            raise ConfigError(f"env.file_name={file_name!r}: {launch} is not executable; chmod +x it")
 
     def __init__(self, cfg: UnityConfig, index: int = 0):
         _import_mlagents()
