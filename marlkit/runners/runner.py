@@ -443,7 +443,9 @@ class Runner:
         except TrainingDivergedError as exc:
             kept = self.run_dir / "latest.pt"
             where = f"the last good checkpoint is {kept}" if kept.is_file() else "no checkpoint was written yet"
-            raise TrainingDivergedError(f"training stopped at step {state['steps']}: {exc}; {where}") from None
+            # it diverged in the update of the rollout that ends per_update steps past the last boundary
+            at = state["steps"] + per_update
+            raise TrainingDivergedError(f"training stopped at step {at}: {exc}; {where}") from None
         except _EvaluationStopped:
             raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
         except ConfigError:
