@@ -91,13 +91,14 @@ class COMA(MAPPO):
     uses_state = True
 
     def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",
-                 state_dtype=np.float32, state_channels_last=None):
+                 state_dtype=np.float32, state_channels_last=None, state_from_obs=False):
         if not isinstance(group.action_space, spaces.Discrete):
             raise ConfigError(
                 f"agents.{self.registered_name}: COMA needs Discrete actions (one Q-value per action), but group "
                 f"{group.name!r} has {group.action_space}; run that group with MAPPO or IPPO "
                 f"(groups: {{{group.name}: {{agent: MAPPO}}}})")
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last)
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
+                         state_from_obs)
         self.updates = 0
 
     @classmethod
