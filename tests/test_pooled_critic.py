@@ -65,21 +65,20 @@ def test_values_pool_over_present_agents_only(pool):
     assert torch.isfinite(agent.values(obs, None, None, None, none)[0]).all()
 
 
-def _critic_flops_per_agent(n_agents: int, pool: str, critic_input: str = "auto") -> float:
+def _critic_flops_per_agent(n_agents: int, pool: str, model: str = "mlp") -> float:
+    """Matmul and convolution FLOPs of the critic per agent, forward and backward."""
     agent = _mappo(_group((13, 13, 5), n_agents, np.uint8), (5 * n_agents, 13, 13), state_from_obs=True,
-                   pool=pool, critic_input=critic_input)
+                   pool=pool, critic=ModelConfig(name=model, hidden_sizes=[32]))
     obs = torch.randint(0, 256, (1, 8, n_agents, 13, 13, 5), dtype=torch.uint8)
-    state = torch.randint(0, 256, (1, 8, 5 * n_agents, 13, 13), dtype=torch.uint8)
     with FlopCounterMode(display=False) as counter:
-        agent.values(obs, state, None, None, torch.ones(1, 8, n_agents, dtype=torch.bool))
+        value, _ = agent.values(obs, None, None, None, torch.ones(1, 8, n_agents, dtype=torch.bool))
+        value.sum().backward()
     return counter.get_total_flops() / (8 * n_agents)
 
 
-@pytest.mark.parametrize("pool", ["mean", "max"])
-def test_pooled_critic_costs_the_same_per_agent_at_any_number_of_agents(pool):
-    assert _critic_flops_per_agent(48, pool) == _critic_flops_per_agent(4, pool)
-    # the concatenated state's first layer grows with N x obs size; the pooled one does not
-    assert _critic_flops_per_agent(48, pool, "state") > 8 * _critic_flops_per_agent(48, pool)
+@pytest.mark.parametrize("pool,model", [("mean", "mlp"), ("max", "mlp"), ("mean", "cnn")])
+def test_pooled_critic_costs_the_same_per_agent_at_any_number_of_agents(pool, model):
+    assert _critic_flops_per_agent(48, pool, model) == _critic_flops_per_agent(4, pool, model) > 0
 
 
 def test_attention_pool_grows_per_agent_only_in_its_small_term():
