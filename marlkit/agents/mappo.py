@@ -1,4 +1,5 @@
-"""MAPPO: PPO with parameters shared across a group and a centralised critic on the global state."""
+"""MAPPO: PPO with parameters shared across a group and a centralised critic, on the global state
+or on the group's observations pooled."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -46,7 +47,7 @@ class MAPPO(OnPolicyAgent):
 
     @property
     def pooled_critic(self) -> bool:
-        choice = getattr(self.cfg, "critic_input", "state")
+        choice = getattr(self.cfg, "critic_input", "state")   # subclasses with critics of their own lack it
         return choice == "pooled" or (choice == "auto" and self.state_from_obs)
 
     @property
