@@ -27,6 +27,7 @@ def _group(obs_shape, n_agents, dtype=np.float32):
 
 def _mappo(group, state_shape, state_from_obs, **cfg):
     agent_cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
+    agent_cfg.critic_input = "auto"   # the default; mpe_spread.yaml names its compact state
     for key, value in cfg.items():
         setattr(agent_cfg, key, value)
     return get_agent("MAPPO")(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0,
