@@ -1,7 +1,8 @@
 """MAPPO's pooled critic learning on several envs, one panel per env, one line per result file of
 ``benchmarks/learning.py`` (its first run; the label is the file's tag).
 
-    python benchmarks/pooled_curves.py mpe_spread=results/learning_pooled_mpe_spread.json,results/learning_mappo_s1_2m.json \
+    python benchmarks/pooled_curves.py \
+        mpe_spread=results/learning_pooled_mpe_spread.json,results/learning_mappo_s1_2m.json \
         mpe_tag=results/learning_pooled_mpe_tag.json pursuit=results/learning_pooled_pursuit.json \
         [--out docs/img/pooled_critic_learning.png] [--until 200000]
 """

@@ -145,6 +145,8 @@ def test_an_image_state_gives_way_to_the_pooled_design_and_a_compact_one_stays()
     assert not compact.spec.state_from_obs and compact.spec.state_shape == (54,)
     concat = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), state="concat")
     assert concat.spec.state_from_obs
+    from scaling import make_env as battle                                   # no state(): as auto
+    assert PettingZooEnv(battle(4), state="env").spec.state_shape == (20, 13, 13)
 
 
 def test_large_images_are_shrunk_by_block_means_to_the_default_side(env_yaml):

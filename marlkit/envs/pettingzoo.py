@@ -187,7 +187,8 @@ class PettingZooEnv(MultiAgentEnv):
             state_shape, state_dtype = tuple(env.state_space.shape), np.dtype(np.float32)
         else:
             slots = [self._obs_space[a] for gs in self.groups.values() for a in gs.agents]
-            state_shape, state_dtype, self._stacked_state = default_state(slots, state)
+            mode = "concat" if state == "concat" else "auto"   # state: env without a state(): as auto
+            state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
         self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype,
                             state_channels_last=False if self._stacked_state else None,

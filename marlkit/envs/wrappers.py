@@ -1,9 +1,10 @@
 """Observation wrappers applied to any env when it is built, configured by generic ``env:`` keys.
 
 ``env.resize: [H, W]`` resizes image observations ``[C, H, W]`` (and an image ``state`` of the
-same height and width); without it, images of either layout with a side over ``env.max_image_side``
-(64) are shrunk by whole-number block averages until none is (280x480 -> 56x60); ``env.frame_stack: K`` stacks each agent's last K observations along the
-channel axis, ``[C, H, W] -> [K * C, H, W]``. Both work on the single-env contract
+same height and width); without it, images of either layout with a side over
+``env.max_image_side`` (64) are shrunk by whole-number block averages until none is (280x480 ->
+56x60); ``env.frame_stack: K`` stacks each agent's last K observations along the
+channel axis, ``[C, H, W] -> [K * C, H, W]``. All work on the single-env contract
 (:class:`~marlkit.envs.core.MultiAgentEnv`), so they serve every env type and every vector env.
 """
 from __future__ import annotations
