@@ -1,5 +1,6 @@
-"""Learning curves on mpe_spread: ``--benchmark`` runs for each agent and seed, then the mean eval
-return (mean over agents of the episode return, runner.eval_episodes of mpe_spread.yaml) at chosen step counts.
+"""Learning curves on mpe_spread (or ``--env``, a packaged env name or YAML): ``--benchmark`` runs for
+each agent and seed, then the mean eval return (mean over agents of the episode return, the env's
+runner.eval_episodes; the first group's) at chosen step counts.
 
     python benchmarks/learning.py --agents MAPPO IPPO --seeds 1 2 3 --steps 500000 \
         [--report-at 100000 500000] [--set runner.parallels=32 ...]
@@ -25,6 +26,7 @@ from learning_curves import value_at
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="mpe_spread")
     parser.add_argument("--agents", nargs="+", default=["MAPPO", "IPPO"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=500_000)
@@ -35,7 +37,7 @@ def main() -> None:
     parser.add_argument("--resume", nargs="+", default=[], metavar="RUN_DIR",
                         help="continue these interrupted runs instead of starting --agents x --seeds")
     args = parser.parse_args()
-    given = [f"--{k.replace('_', '-')}" for k in ("agents", "seeds", "steps", "set", "run_root")
+    given = [f"--{k.replace('_', '-')}" for k in ("env", "agents", "seeds", "steps", "set", "run_root")
              if getattr(args, k) != parser.get_default(k)]
     if args.resume and given:
         parser.error(f"--resume continues runs with their own settings; drop {', '.join(given)}")
@@ -46,7 +48,7 @@ def main() -> None:
     if args.resume:
         jobs = [dict(resume=run_dir, mode="benchmark", **{"runner.progress": False}) for run_dir in args.resume]
     else:
-        jobs = [dict(agent=agent, env="mpe_spread", mode="benchmark", seed=seed, logger="tensorboard", **overrides)
+        jobs = [dict(agent=agent, env=args.env, mode="benchmark", seed=seed, logger="tensorboard", **overrides)
                 for agent in args.agents for seed in args.seeds]
     results = {}
     for job in jobs:

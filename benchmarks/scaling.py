@@ -2,13 +2,16 @@
 (``red_*``, ``blue_*``) with 13x13x5 uint8 image observations and agents that die, for several N.
 
     python benchmarks/scaling.py [--agents 4 12 24 48] [--steps 20000] [--parallels 16]
-                                 [--profile-steps 5000] [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
+                                 [--critics pooled state] [--profile-steps 5000]
+                                 [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
 For every N, measured alternately in one process: env-steps/s and agent-steps/s (agents acting,
 the dead ones not counted) of raw stepping (the bare ParallelEnv, and marlkit's vector env with
-random actions) and of MAPPO training with the default config (the env has no ``state()``, so the
-critic reads the default global state), then a cProfile of a short training run: its top entries
-by own time, and the compute ceiling: the matrix arithmetic of a short training run (torch's
+random actions) and of MAPPO training with the default config, once per critic input of
+``--critics`` (``agents.MAPPO.critic_input``: the env has no ``state()``, so ``pooled``, the
+default here, pools the agents' views; ``state`` reads the default global state, the views
+stacked), then a cProfile of a short training run with the first critic: its top entries by own
+time, and per critic the compute ceiling: the matrix arithmetic of a short training run (torch's
 FlopCounterMode: matmuls and convolutions, forward and backward) per agent step, against this
 machine's best matmul rate on all its cores, gives the most agent-steps/s any implementation of
 that update could reach here. Writes benchmarks/results/scaling[_NAME].json.
@@ -287,6 +290,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20_000, help="env steps per measurement")
     parser.add_argument("--parallels", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--critics", nargs="+", default=["pooled", "state"], choices=["pooled", "state"],
+                        help="MAPPO critic inputs to train with")
     parser.add_argument("--profile-steps", type=int, default=5_000)
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="training config overrides")
     parser.add_argument("--tag", default="")
@@ -300,6 +305,7 @@ def main() -> int:
     torch.set_num_threads(1)
     overrides = {**parse_set(args.set), "runner.parallels": args.parallels}
     report = {"parallels": args.parallels, "steps_per_measurement": args.steps, "repeats": args.repeats,
+              "critics": args.critics,
               "overrides": args.set, "observation": [VIEW, VIEW, CHANNELS],
               "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), Python {platform.python_version()}",
               "torch": torch.__version__, "matmul_peak_flops": matmul_peak(), "rows": []}
@@ -309,34 +315,37 @@ def main() -> int:
         for n in args.agents:
             path = env_yaml(Path(folder), n)
             cfg = build_config("MAPPO", path, **overrides)
-            samples = {"bare": [], "vector": [], "train": []}
+            critic = {c: {**overrides, "agents.MAPPO.critic_input": c} for c in args.critics}
+            samples = {"bare": [], "vector": [], **{f"train_{c}": [] for c in args.critics}}
             for _ in range(args.repeats):
                 samples["bare"].append(bare_env(n, max(1, args.steps // 4)))
                 samples["vector"].append(vector_env(cfg, args.steps))
-                samples["train"].append(train(path, overrides, args.steps))
+                for c in args.critics:
+                    samples[f"train_{c}"].append(train(path, critic[c], args.steps))
             med = {k: {m: statistics.median(s[m] for s in v) for m in ("env_steps_per_s", "agent_steps_per_s")}
                    for k, v in samples.items()}
             profile = cProfile.Profile()
-            train(path, overrides, args.profile_steps, profile)
-            flops = train_flops(path, overrides, args.profile_steps)
-            acting = med["train"]["agent_steps_per_s"] / med["train"]["env_steps_per_s"]
-            target = med["vector"]["agent_steps_per_s"] / 2
+            train(path, critic[args.critics[0]], args.profile_steps, profile)
             row = {"n_agents": n, "state_shape": list(cfg_state_shape(cfg)), "samples": samples, "median": med,
-                   "train_flops_per_env_step": flops, "train_flops_per_agent_step": flops / acting,
-                   # no implementation of this update can train faster here than its arithmetic at peak
-                   "ceiling_agent_steps_per_s": report["matmul_peak_flops"] / flops * acting,
-                   "target_agent_steps_per_s": target,
                    "agents_acting_per_step": statistics.mean(s["agents_acting_per_step"] for s in samples["bare"]),
-                   "train_over_vector_agent_steps": med["train"]["agent_steps_per_s"] / med["vector"]["agent_steps_per_s"],
-                   "train_over_bare_agent_steps": med["train"]["agent_steps_per_s"] / med["bare"]["agent_steps_per_s"],
-                   "profile_top": top_entries(profile)}
-            report["rows"].append(row)
+                   "critics": {}, "profile_critic": args.critics[0], "profile_top": top_entries(profile)}
             print(f"N={n:>3}: bare {med['bare']['agent_steps_per_s']:>8.0f}, vector "
-                  f"{med['vector']['agent_steps_per_s']:>8.0f}, train {med['train']['agent_steps_per_s']:>8.0f} "
-                  f"agent-steps/s; train/vector {row['train_over_vector_agent_steps']:.2f}", flush=True)
-            print(f"      update arithmetic {flops / acting / 1e6:.1f} MFLOP per agent step: at most "
-                  f"{row['ceiling_agent_steps_per_s']:.0f} agent-steps/s here at matmul peak; the 2x target "
-                  f"needs {target:.0f}", flush=True)
+                  f"{med['vector']['agent_steps_per_s']:>8.0f} agent-steps/s", flush=True)
+            for c in args.critics:
+                flops = train_flops(path, critic[c], args.profile_steps)
+                trained = med[f"train_{c}"]
+                acting = trained["agent_steps_per_s"] / trained["env_steps_per_s"]
+                row["critics"][c] = {
+                    "train_flops_per_env_step": flops, "train_flops_per_agent_step": flops / acting,
+                    # no implementation of this update can train faster here than its arithmetic at peak
+                    "ceiling_agent_steps_per_s": report["matmul_peak_flops"] / flops * acting,
+                    "train_over_vector_agent_steps": trained["agent_steps_per_s"] / med["vector"]["agent_steps_per_s"],
+                    "train_over_bare_agent_steps": trained["agent_steps_per_s"] / med["bare"]["agent_steps_per_s"]}
+                print(f"      critic {c:>6}: train {trained['agent_steps_per_s']:>8.0f} agent-steps/s, train/vector "
+                      f"{row['critics'][c]['train_over_vector_agent_steps']:.3f}; {flops / acting / 1e6:.1f} MFLOP "
+                      f"per agent step: at most {row['critics'][c]['ceiling_agent_steps_per_s']:.0f} agent-steps/s "
+                      "here at matmul peak", flush=True)
+            report["rows"].append(row)
             for entry in row["profile_top"][:6]:
                 print(f"      {entry['share']:6.1%}  {entry['function']}", flush=True)
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -74,6 +74,9 @@ class EnvConfig:
     render_mode: Optional[str] = None
     # observation wrappers for image envs (marlkit/envs/wrappers.py): [H, W], and K frames per obs
     resize: Optional[list[int]] = None
+    # without resize, images with a side over this many pixels are shrunk by averaging whole blocks
+    # until no side is; null keeps them as they are
+    max_image_side: Optional[int] = field(default=64, metadata=_range(1))
     frame_stack: int = field(default=1, metadata=_range(1))
     # True only for envs whose whole state pickles (proven by a test that continues a trajectory
     # after a save/load and compares it with the uninterrupted one). Envs whose state lives outside

@@ -88,6 +88,10 @@ class EnvSpec:
     render_fps: int = 10
     state_dtype: Any = np.float32   # uint8 for image states: stored and shipped as such, scaled by the model
     state_channels_last: bool | None = None   # layout of an image state; None: guessed from the shape
+    # True when the state was built from the agents' observations (the env has no compact state()
+    # of its own): a critic gains nothing from it that the observations do not hold, so MAPPO's
+    # ``critic_input: auto`` reads the observations themselves (a pooled critic) instead
+    state_from_obs: bool = False
 
     def signature(self) -> dict:
         return {g: spec.signature() for g, spec in self.groups.items()}

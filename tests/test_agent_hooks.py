@@ -19,12 +19,14 @@ SCRIPTED = {"description": "scripted", "env": {"type": "pettingzoo", "factory": 
 GRU = {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 32}
 
 # name -> (agent, env, overrides): mpe_spread for the plain path; the scripted env for agents that
-# die and appear mid-episode, truncation finals and (with a GRU) the hidden-state plumbing.
+# die and appear mid-episode, truncation finals and (with a GRU) the hidden-state plumbing. MAPPO's
+# golden runs are of its critic on the global state (critic_input: state), the one they were made with.
 CASES = {
-    "mappo_spread": ("MAPPO", "mpe_spread", {}),
+    "mappo_spread": ("MAPPO", "mpe_spread", {"agents.MAPPO.critic_input": "state"}),
     "ippo_spread": ("IPPO", "mpe_spread", {}),
     "mappo_gru_scripted": ("MAPPO", "scripted", {"agents.MAPPO.actor": GRU, "agents.MAPPO.critic": GRU,
-                                                 "agents.MAPPO.chunk_length": 5}),
+                                                 "agents.MAPPO.chunk_length": 5,
+                                                 "agents.MAPPO.critic_input": "state"}),
     "ippo_scripted": ("IPPO", "scripted", {"agents.IPPO.epochs": 3, "agents.IPPO.minibatches": 2}),
 }
 

@@ -78,8 +78,9 @@ def captured(monkeypatch):
 
     def spy(self, bootstrap, last_value, truncation_value):
         buf = self.buffer
-        # each truncation final valued on its own, by the weights (and value normaliser) of this update
-        final_values = [self.value_of(f[2][None], f[3][None], np.ones((1, self.n_agents), bool), None)[0]
+        # each truncation final valued on its own, by the weights (and value normaliser) of this update,
+        # with the slots present at its step (a pooled critic pools over them)
+        final_values = [self.value_of(f[2][None], f[3][None], buf.agent_mask[f[0], f[1]][None], None)[0]
                         for f in buf.finals]
         relogged = None
         if not self.recurrent:   # the stored actions' log-probs under the policy that acted

@@ -78,10 +78,12 @@ class Agent:
     checks_groups = False
 
     def __init__(self, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
-                 seed: int = 0, device: str = "cpu", state_dtype=np.float32, state_channels_last: bool | None = None):
+                 seed: int = 0, device: str = "cpu", state_dtype=np.float32, state_channels_last: bool | None = None,
+                 state_from_obs: bool = False):
         self.group, self.state_shape, self.cfg = group, tuple(state_shape), cfg
         self.state_dtype = np.dtype(state_dtype)
         self.state_channels_last = state_channels_last   # EnvSpec.state_channels_last
+        self.state_from_obs = state_from_obs             # EnvSpec.state_from_obs
         self.num_envs, self.horizon, self.device = num_envs, horizon, torch.device(device)
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
@@ -174,8 +176,9 @@ class OnPolicyAgent(Agent):
     value_chunk_bytes = 16 * 2**20  # input bytes per critic pass when valuing a rollout
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu",
-                 state_dtype=np.float32, state_channels_last=None):
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last)
+                 state_dtype=np.float32, state_channels_last=None, state_from_obs=False):
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
+                         state_from_obs)
         self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
         torch.manual_seed(int(seed))  # weight initialisation draws from the global generator
         self.modules = nn.ModuleDict(self.build())
@@ -241,8 +244,10 @@ class OnPolicyAgent(Agent):
         """-> (distribution over ``[L, B, A]`` actions, next actor hidden ``[B, A, H]`` or None)."""
         raise NotImplementedError
 
-    def values(self, obs, state, hidden, episode_start):
-        """-> (normalised values ``[L, B, A]``, next critic hidden ``[B, A, H]`` or None)."""
+    def values(self, obs, state, hidden, episode_start, agent_mask=None):
+        """-> (normalised values ``[L, B, A]``, next critic hidden ``[B, A, H]`` or None).
+        ``agent_mask`` ``[L, B, A]`` says who is present (a critic that pools over the group reads
+        it; None: everyone)."""
         raise NotImplementedError
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -292,10 +297,11 @@ class OnPolicyAgent(Agent):
         s = self.tensor(state).unsqueeze(0)
         m = self.tensor(action_mask).unsqueeze(0) if self.group.n_actions else None
         h_actor, h_critic = self.split_hidden(self.tensor(hidden) if hidden is not None else None)
-        action, log_prob, h_actor, v = self.sample(o, s, self.tensor(agent_mask).unsqueeze(0), m, h_actor, explore)
+        present = self.tensor(agent_mask).unsqueeze(0)
+        action, log_prob, h_actor, v = self.sample(o, s, present, m, h_actor, explore)
         value = next_hidden = None
         if v is None and self.critic_acts_online:
-            v, h_critic = self.values(o, s, h_critic, None)
+            v, h_critic = self.values(o, s, h_critic, None, present)
         if v is not None:
             value = self._denormalize(v)[0].cpu().numpy()
         if self.recurrent:
@@ -310,7 +316,8 @@ class OnPolicyAgent(Agent):
     # ------------------------------------------------------------------ learning
 
     @torch.no_grad()
-    def _value_of(self, obs: np.ndarray, state: np.ndarray, hidden: np.ndarray | None) -> np.ndarray:
+    def _value_of(self, obs: np.ndarray, state: np.ndarray, agent_mask: np.ndarray,
+                  hidden: np.ndarray | None) -> np.ndarray:
         """Real-scale values of ``[N, A, ...]`` observations (one step each), valued in chunks of
         about ``value_chunk_bytes`` of input, so that a rollout of images never goes through the
         critic in one pass."""
@@ -321,7 +328,8 @@ class OnPolicyAgent(Agent):
         for start in range(0, n, chunk):
             part = slice(start, start + chunk)
             h = self.split_hidden(self.tensor(hidden[part]))[1] if hidden is not None else None
-            v, _ = self.values(self.tensor(obs[part]).unsqueeze(0), self.tensor(state[part]).unsqueeze(0), h, None)
+            v, _ = self.values(self.tensor(obs[part]).unsqueeze(0), self.tensor(state[part]).unsqueeze(0), h, None,
+                               self.tensor(agent_mask[part]).unsqueeze(0))
             values.append(self._denormalize(v)[0].cpu().numpy())
         return np.concatenate(values) if values else np.zeros((0, self.n_agents), np.float32)
 
@@ -394,8 +402,8 @@ class OnPolicyAgent(Agent):
 
     def value_of(self, obs: np.ndarray, state: np.ndarray, agent_mask: np.ndarray, hidden: np.ndarray | None):
         """Real-scale values ``[N, A]`` of ``N`` steps; ``agent_mask`` ``[N, A]`` says who is present
-        (a critic that attends over agents needs it; a per-agent critic does not look)."""
-        return self._value_of(obs, state, hidden)
+        (a critic that pools over agents needs it; a per-agent critic does not look)."""
+        return self._value_of(obs, state, agent_mask, hidden)
 
     def estimate_values(self, bootstrap: Bootstrap) -> tuple[np.ndarray, np.ndarray]:
         """Fill ``buffer.value`` (real scale) unless acting did; -> (the bootstrap value ``[E, A]``,

@@ -92,9 +92,10 @@ class COMA(MAPPO):
     checks_groups = True
 
     def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",
-                 state_dtype=np.float32, state_channels_last=None):
+                 state_dtype=np.float32, state_channels_last=None, state_from_obs=False):
         self.check_group(group)
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last)
+        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
+                         state_from_obs)
         self.updates = 0
 
     @classmethod

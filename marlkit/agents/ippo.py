@@ -4,6 +4,7 @@ from __future__ import annotations
 from torch import nn
 
 from marlkit.agents.mappo import MAPPO
+from marlkit.config import OnPolicyConfig
 from marlkit.networks.base import Encoder, init_linear
 from marlkit.registry import register_agent
 
@@ -13,6 +14,7 @@ class IPPO(MAPPO):
     """The critic reads each agent's own observation (+ id), like the actor; the global state is
     never read, so it is not stored either."""
 
+    config_cls = OnPolicyConfig
     uses_state = False
 
     def critic_encoder(self) -> Encoder:
@@ -21,6 +23,6 @@ class IPPO(MAPPO):
     def critic_head(self, critic: Encoder) -> nn.Module:
         return init_linear(nn.Linear(critic.out_dim + self._id_width_after(self.group.obs_shape), 1), gain=1.0)
 
-    def values(self, obs, state, hidden, episode_start):
+    def values(self, obs, state, hidden, episode_start, agent_mask=None):
         features, hidden = self.encode_agents(self.modules["critic"], obs, hidden, episode_start)
         return self.modules["critic_head"](features).squeeze(-1), hidden

@@ -1,32 +1,59 @@
-"""MAPPO: PPO with parameters shared across a group and a centralised critic on the global state."""
+"""MAPPO: PPO with parameters shared across a group and a centralised critic, on the global state
+or on the group's observations pooled."""
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import nn
 
 from marlkit.agents.base import OnPolicyAgent, masked_mean
 from marlkit.agents.losses import ppo_policy_loss, value_loss
-from marlkit.config import ConfigError
+from marlkit.config import ConfigError, OnPolicyConfig
 from marlkit.networks.base import Encoder
 from marlkit.networks.distributions import ActionHead
 from marlkit.networks.heads import SharedValueHead
 from marlkit.networks.mlp import flat_size
+from marlkit.networks.pooled import PooledValueHead
 from marlkit.registry import get_model, register_agent
+
+
+@dataclass
+class MAPPOConfig(OnPolicyConfig):
+    """OnPolicyConfig and what the centralised critic reads (``critic_input``): ``state``, the
+    global state (the env's ``state()``, or every agent's observation concatenated where it has
+    none), encoded once per env step; ``pooled``, each agent's observation through the ``critic``
+    model, pooled over the group (``pool``: mean, max or attention; ``marlkit/networks/pooled.py``),
+    whose cost per agent does not grow with the number of agents; ``auto``: ``pooled`` where the
+    env's state was built from the observations (``EnvSpec.state_from_obs``), else ``state``."""
+
+    critic_input: Literal["auto", "state", "pooled"] = "auto"
+    pool: Literal["mean", "max", "attention"] = "mean"
 
 
 @register_agent("MAPPO")
 class MAPPO(OnPolicyAgent):
-    """Actor on each agent's own observation; critic on ``state``, encoded once per env step by any
-    registered model (an image state by a ``cnn``) and read out per agent by a head that sees the
-    agent id. Weights are shared across the group.
+    """Actor on each agent's own observation; centralised critic (``critic_input``) on ``state``,
+    encoded once per env step by any registered model (an image state by a ``cnn``) and read out
+    per agent by a head that sees the agent id, or on the group's observations pooled. Weights
+    are shared across the group.
 
     The agent id (``use_agent_id``) joins a flat input as a one-hot before the encoder; for other
     inputs (images, ``(27, 5)`` arrays) it joins the encoder's features.
     """
 
-    uses_state = True
+    config_cls = MAPPOConfig
+
+    @property
+    def pooled_critic(self) -> bool:
+        choice = getattr(self.cfg, "critic_input", "state")   # subclasses with critics of their own lack it
+        return choice == "pooled" or (choice == "auto" and self.state_from_obs)
+
+    @property
+    def uses_state(self) -> bool:
+        """A pooled critic reads the observations alone, so the state is not stored."""
+        return not self.pooled_critic
 
     # ------------------------------------------------------------------ networks
 
@@ -37,9 +64,9 @@ class MAPPO(OnPolicyAgent):
         """Width of the one-hot id appended to the features of an encoder of ``shape`` inputs."""
         return self.n_agents if self.cfg.use_agent_id and len(shape) != 1 else 0
 
-    def _encoder(self, role: str, shape: tuple[int, ...], per_agent: bool) -> Encoder:
+    def _encoder(self, role: str, shape: tuple[int, ...], per_agent: bool, ids: bool = True) -> Encoder:
         model = getattr(self.cfg, role)
-        if per_agent and self._id_at_input(shape):
+        if per_agent and ids and self._id_at_input(shape):
             shape = (shape[0] + self.n_agents,)
         # what the env's spec says about the input (image layout, sensor parts) reaches the models
         # that take it, unless the config sets it
@@ -67,11 +94,16 @@ class MAPPO(OnPolicyAgent):
         return self.cfg.use_agent_id and get_model(self.cfg.critic.name).takes_ids
 
     def critic_encoder(self) -> Encoder:
+        if self.pooled_critic:   # the id joins the value head, where it costs the same at any A
+            return self._encoder("critic", self.group.obs_shape, per_agent=True, ids=False)
         if self._critic_takes_ids():   # built for [state, one-hot id]; valued for all ids at once
             return self._encoder("critic", (flat_size(self.state_shape) + self.n_agents,), per_agent=False)
         return self._encoder("critic", self.state_shape, per_agent=False)
 
     def critic_head(self, critic: Encoder) -> nn.Module:
+        if self.pooled_critic:
+            return PooledValueHead(critic.out_dim, self.n_agents if self.cfg.use_agent_id else 0, self.cfg.pool,
+                                   self.cfg.critic.activation)
         return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation,
                                ids_in_encoder=critic.takes_ids and self._critic_takes_ids())
 
@@ -81,18 +113,18 @@ class MAPPO(OnPolicyAgent):
         critic = list(m["critic"].parameters()) + list(m["critic_head"].parameters())
         return [{"params": actor, "lr": self.cfg.lr}, {"params": critic, "lr": self.cfg.critic_lr or self.cfg.lr}]
 
-    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start):
+    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start, ids: bool = True):
         """Encode per-agent inputs ``[L, B, A, ...]`` with agents folded into the batch, the agent
-        id joined -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None)."""
+        id joined (``ids``) -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None)."""
         L, B, A = x.shape[:3]
         shape = tuple(x.shape[3:])
-        if self._id_at_input(shape):
+        if ids and self._id_at_input(shape):
             x = torch.cat([x.float(), self._ids(L, B, x.device)], -1)
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.repeat_interleave(A, 1) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
         features = features.reshape(L, B, A, -1)
-        if self._id_width_after(shape):
+        if ids and self._id_width_after(shape):
             features = torch.cat([features, self._ids(L, B, x.device)], -1)
         return features, (h.reshape(B, A, -1) if h is not None else None)
 
@@ -103,11 +135,15 @@ class MAPPO(OnPolicyAgent):
         features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start)
         return self.modules["actor_head"](features, action_mask), hidden
 
-    def values(self, obs, state, hidden, episode_start):
+    def values(self, obs, state, hidden, episode_start, agent_mask=None):
         """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic on
         ``[state, one-hot id]`` computes its first layer once for all ids); a recurrent critic
-        keeps one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``."""
+        keeps one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``. A
+        pooled critic encodes ``obs [L, B, A, ...]`` per agent and pools over ``agent_mask``."""
         encoder, head = self.modules["critic"], self.modules["critic_head"]
+        if self.pooled_critic:
+            features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False)
+            return head(features, agent_mask), hidden
         h = hidden[:, 0] if hidden is not None and encoder.is_recurrent else None
         ids = {"n_ids": self.n_agents} if head.ids_in_encoder else {}
         features, h = encoder(state, h, episode_start, **ids)
@@ -126,7 +162,7 @@ class MAPPO(OnPolicyAgent):
         log_prob = dist.log_prob(batch["actions"])
         policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
         entropy = masked_mean(dist.entropy(), mask)
-        value, _ = self.values(batch["obs"], batch["state"], h_critic, batch["episode_start"])
+        value, _ = self.values(batch["obs"], batch["state"], h_critic, batch["episode_start"], batch["agent_mask"])
         critic_loss = value_loss(value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
                                  cfg.value_clip, cfg.huber_delta)
         loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy

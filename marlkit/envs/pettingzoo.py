@@ -4,7 +4,9 @@ Agents are assigned to groups (``env.groups`` patterns, or by default one group 
 spaces match, else one group per name prefix such as ``adversary``/``agent``). Action masks come
 from an ``action_mask`` entry of a Dict observation or of the agent's info; the global state from
 ``env.state()`` when the env declares a ``state_space``, else a default built from the agents'
-observations (:func:`default_state`).
+observations (:func:`default_state`), also when ``state()`` is an image: a screen holds nothing a
+critic needs that the agents' own views (pooled, see ``marlkit.networks.pooled``) do not, at many
+times the cost. ``state: env`` takes ``env.state()`` whatever its shape.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from gymnasium import spaces
 from marlkit.config import ConfigError, EnvConfig
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.registry import register_env
-from marlkit.envs.wrappers import resize_images
+from marlkit.envs.wrappers import block_factors, resize_images
 from marlkit.spec import is_channels_last
 
 log = logging.getLogger("marlkit.pettingzoo")
@@ -33,7 +35,7 @@ _STATE_FAILED: set[str] = set()   # envs whose state() failed (and was warned of
 class PettingZooConfig(EnvConfig):
     factory: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
-    state: Literal["auto", "concat"] = "auto"
+    state: Literal["auto", "env", "concat"] = "auto"
     check_api: bool = True
 
 
@@ -61,7 +63,7 @@ STATE_SIDE = 32   # the default image state shrinks each view to at most this ma
 
 def state_factors(height: int, width: int) -> tuple[int, int]:
     """Whole-number block sizes that bring an image to at most ``STATE_SIDE`` a side (1: as is)."""
-    return -(-height // STATE_SIDE), -(-width // STATE_SIDE)
+    return block_factors(height, width, STATE_SIDE)
 
 
 def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[tuple[int, ...], np.dtype, bool]:
@@ -181,16 +183,20 @@ class PettingZooEnv(MultiAgentEnv):
                        for g, names in members.items()}
         self._slot = {a: (g, i) for g, gs in self.groups.items() for i, a in enumerate(gs.agents)}
 
-        self._env_state = state == "auto" and getattr(env, "state_space", None) is not None
+        state_space = getattr(env, "state_space", None)
+        self._env_state = state_space is not None and (state == "env" or (state == "auto"
+                                                                          and len(state_space.shape) < 3))
         self._stacked_state = False
         if self._env_state:
             state_shape, state_dtype = tuple(env.state_space.shape), np.dtype(np.float32)
         else:
             slots = [self._obs_space[a] for gs in self.groups.values() for a in gs.agents]
-            state_shape, state_dtype, self._stacked_state = default_state(slots, state)
+            mode = "concat" if state == "concat" else "auto"   # state: env without a state(): as auto
+            state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
         self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype,
-                            state_channels_last=False if self._stacked_state else None)
+                            state_channels_last=False if self._stacked_state else None,
+                            state_from_obs=not self._env_state)
         self._t = 0
         self._checked_first_episode = False
         self._last_state = np.zeros(state_shape, np.float32)

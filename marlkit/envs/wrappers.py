@@ -1,8 +1,10 @@
 """Observation wrappers applied to any env when it is built, configured by generic ``env:`` keys.
 
 ``env.resize: [H, W]`` resizes image observations ``[C, H, W]`` (and an image ``state`` of the
-same height and width); ``env.frame_stack: K`` stacks each agent's last K observations along the
-channel axis, ``[C, H, W] -> [K * C, H, W]``. Both work on the single-env contract
+same height and width); without it, images of either layout with a side over
+``env.max_image_side`` (64) are shrunk by whole-number block averages until none is (280x480 ->
+56x60); ``env.frame_stack: K`` stacks each agent's last K observations along the
+channel axis, ``[C, H, W] -> [K * C, H, W]``. All work on the single-env contract
 (:class:`~marlkit.envs.core.MultiAgentEnv`), so they serve every env type and every vector env.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
 from marlkit.envs.core import EnvSpec, MultiAgentEnv, Observation
+from marlkit.spec import is_channels_last
 
 
 class EnvWrapper(MultiAgentEnv):
@@ -112,6 +115,48 @@ class ResizeObservation(EnvWrapper):
         return replace(ob, obs=obs, state=state, **({"final": self.observe(final, first)} if final is not None else {}))
 
 
+def block_factors(height: int, width: int, side: int) -> tuple[int, int]:
+    """Whole-number block sizes that bring an image to at most ``side`` a side (1: as is)."""
+    return -(-height // side), -(-width // side)
+
+
+class ShrinkImages(EnvWrapper):
+    """Image observations ``[C, H, W]`` or ``[H, W, C]`` with a side over ``side`` pixels, shrunk by
+    averaging whole blocks (the rows and columns left over are dropped), per group: a frame of
+    280x480 pixels costs an ``mlp``'s first layer 100x what one of 56x60 does, and a ``cnn`` does
+    not need it. The state is left as it is (the default one is already shrunk)."""
+
+    def __init__(self, env: MultiAgentEnv, side: int):
+        super().__init__(env)
+        self.plan: dict[str, tuple[bool, tuple[int, int], tuple[int, int]]] = {}   # layout, crop, size
+        groups = {}
+        for g, gs in env.spec.groups.items():
+            shape = gs.obs_shape
+            if len(shape) == 3:
+                last = gs.channels_last if gs.channels_last is not None else is_channels_last(shape)
+                H, W = shape[:2] if last else shape[1:]
+                fh, fw = block_factors(H, W, side)
+                if (fh, fw) != (1, 1):
+                    size = (H // fh, W // fw)
+                    self.plan[g] = (last, (size[0] * fh, size[1] * fw), size)
+                    box = gs.observation_space
+                    new = (*size, shape[2]) if last else (shape[0], *size)
+                    gs = replace(gs, observation_space=spaces.Box(box.low.min(), box.high.max(), new, box.dtype))
+            groups[g] = gs
+        self.spec = replace(env.spec, groups=groups)
+
+    def _shrink(self, g: str, o: np.ndarray) -> np.ndarray:
+        last, (h, w), size = self.plan[g]
+        if not last:
+            return resize_images(o[..., :h, :w], size)
+        return np.moveaxis(resize_images(np.moveaxis(o[..., :h, :w, :], -1, -3), size), -3, -1)
+
+    def observe(self, ob: Observation, first: bool) -> Observation:
+        obs = {g: self._shrink(g, o) if g in self.plan else o for g, o in ob.obs.items()}
+        final = getattr(ob, "final", None)
+        return replace(ob, obs=obs, **({"final": self.observe(final, first)} if final is not None else {}))
+
+
 class FrameStack(EnvWrapper):
     """Each agent sees its last ``k`` observations, oldest first; the first observation of an
     episode fills the whole stack."""
@@ -145,11 +190,15 @@ class FrameStack(EnvWrapper):
 
 
 def wrap(env: MultiAgentEnv, cfg: EnvConfig) -> MultiAgentEnv:
-    """The wrappers an env config asks for, in a fixed order: resize, then frame stack."""
+    """The wrappers an env config asks for, in a fixed order: resize (or shrink), then frame stack."""
     if cfg.resize is not None:
         if len(cfg.resize) != 2:
             raise ConfigError(f"env.resize: {cfg.resize} must be [H, W], e.g. [60, 80]")
         env = ResizeObservation(env, tuple(cfg.resize))
+    elif cfg.max_image_side is not None:
+        shrink = ShrinkImages(env, cfg.max_image_side)
+        if shrink.plan:
+            env = shrink
     if cfg.frame_stack > 1:
         env = FrameStack(env, cfg.frame_stack)
     return env

@@ -154,7 +154,7 @@ class Runner:
             cls = get_agent(names[g])
             agents[g] = cls(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs, self.cfg.runner.horizon,
                             seed=self.cfg.seed * 1000 + i, device=self.cfg.device, state_dtype=spec.state_dtype,
-                            state_channels_last=spec.state_channels_last)
+                            state_channels_last=spec.state_channels_last, state_from_obs=spec.state_from_obs)
             group_cfg = self.cfg.groups.get(g)
             ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
                 if group_cfg is not None and group_cfg.load else run_ckpt

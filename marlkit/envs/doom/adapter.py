@@ -21,7 +21,7 @@ class DoomEnv(PettingZooEnv):
                    groups=cfg.groups, max_episode_steps=cfg.max_episode_steps)
 
     def __init__(self, env: DoomCoopEnv, **kwargs):
-        super().__init__(env, state="auto", **kwargs)
+        super().__init__(env, state="env", **kwargs)
         self.spec.state_dtype = np.dtype(env.state_space.dtype)
         # screens are [C, H, W], and so is the "screens" state: said, not left to a guess from the shape
         self.spec.state_channels_last = False if len(self.spec.state_shape) == 3 else None

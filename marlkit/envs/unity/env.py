@@ -354,7 +354,7 @@ class UnityEnv(MultiAgentEnv):
             groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space,
                                           channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts)
         state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
-        self.spec = EnvSpec(groups, (state_dim,))
+        self.spec = EnvSpec(groups, (state_dim,), state_from_obs=True)
         self._first = self._last = self._observe()[0]
 
     # ------------------------------------------------------------------ contract

@@ -1,0 +1,178 @@
+"""The pooled critic (per-agent encoder shared by the group, pooled over the agents present) and
+images of any size: what MAPPO's critic reads when the env has no compact state of its own."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from pettingzoo import ParallelEnv
+from torch.utils.flop_counter import FlopCounterMode
+
+import marlkit
+from marlkit.api import build_config
+from marlkit.config import ModelConfig
+from marlkit.envs.factory import make_env, make_env_vector
+from marlkit.envs.pettingzoo import PettingZooEnv
+from marlkit.errors import ConfigError
+from marlkit.networks.pooled import PooledValueHead
+from marlkit.registry import get_agent
+from marlkit.spec import GroupSpec
+from mpe2 import simple_spread_v3
+
+
+def _group(obs_shape, n_agents, dtype=np.float32):
+    low, high = (0, 255) if dtype == np.uint8 else (-1, 1)
+    return GroupSpec("agents", [f"agent_{i}" for i in range(n_agents)], spaces.Box(low, high, obs_shape, dtype),
+                     spaces.Discrete(4))
+
+
+def _mappo(group, state_shape, state_from_obs, **cfg):
+    agent_cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
+    agent_cfg.critic_input = "auto"   # the default; mpe_spread.yaml names its compact state
+    for key, value in cfg.items():
+        setattr(agent_cfg, key, value)
+    return get_agent("MAPPO")(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0,
+                              state_from_obs=state_from_obs)
+
+
+def test_auto_pools_where_the_state_was_built_from_observations_and_stores_no_state():
+    group = _group((18,), 3)
+    pooled = _mappo(group, (54,), state_from_obs=True)
+    assert isinstance(pooled.modules["critic_head"], PooledValueHead)
+    assert pooled.buffer.state.nbytes == 0                                   # the state is not stored
+    assert pooled.modules["critic"].net[0].normalized_shape == (18,)   # one agent's obs (its id joins the head)
+    own = _mappo(group, (54,), state_from_obs=False)                         # the env's own state()
+    assert own.modules["critic"].net[0].normalized_shape == (54 + 3,) and own.buffer.state.shape == (4, 2, 54)
+    named = _mappo(group, (54,), state_from_obs=True, critic_input="state")  # the concatenation, by name
+    assert named.modules["critic"].net[0].normalized_shape == (54 + 3,)
+    assert isinstance(_mappo(group, (54,), state_from_obs=False, critic_input="pooled").modules["critic_head"],
+                      PooledValueHead)
+
+
+@pytest.mark.parametrize("pool", ["mean", "max", "attention"])
+def test_values_pool_over_present_agents_only(pool):
+    agent = _mappo(_group((6,), 4), (24,), state_from_obs=True, pool=pool)
+    obs = torch.randn(1, 2, 4, 6)
+    mask = torch.tensor([[[True, True, True, False], [True, True, True, True]]])
+    v, _ = agent.values(obs, None, None, None, mask)
+    assert v.shape == (1, 2, 4)
+    moved = obs.clone()
+    moved[0, 0, 3] = 3 * torch.randn(6)        # the absent agent of env 0: no present agent's value moves
+    w, _ = agent.values(moved, None, None, None, mask)
+    torch.testing.assert_close(w[0, 0, :3], v[0, 0, :3])
+    moved[0, 1, 3] = 3 * torch.randn(6)        # a present agent of env 1: every other agent's value moves
+    w, _ = agent.values(moved, None, None, None, mask)
+    assert not torch.isclose(w[0, 1, :3], v[0, 1, :3]).any()
+    none = torch.zeros_like(mask)              # no one present: finite values
+    assert torch.isfinite(agent.values(obs, None, None, None, none)[0]).all()
+
+
+def _critic_flops_per_agent(n_agents: int, pool: str, model: str = "mlp") -> float:
+    """Matmul and convolution FLOPs of the critic per agent, forward and backward."""
+    agent = _mappo(_group((13, 13, 5), n_agents, np.uint8), (5 * n_agents, 13, 13), state_from_obs=True,
+                   pool=pool, critic=ModelConfig(name=model, hidden_sizes=[32]))
+    obs = torch.randint(0, 256, (1, 8, n_agents, 13, 13, 5), dtype=torch.uint8)
+    with FlopCounterMode(display=False) as counter:
+        value, _ = agent.values(obs, None, None, None, torch.ones(1, 8, n_agents, dtype=torch.bool))
+        value.sum().backward()
+    return counter.get_total_flops() / (8 * n_agents)
+
+
+@pytest.mark.parametrize("pool,model", [("mean", "mlp"), ("max", "mlp"), ("mean", "cnn")])
+def test_pooled_critic_costs_the_same_per_agent_at_any_number_of_agents(pool, model):
+    assert _critic_flops_per_agent(48, pool, model) == _critic_flops_per_agent(4, pool, model) > 0
+
+
+def test_attention_pool_grows_per_agent_only_in_its_small_term():
+    small, large = _critic_flops_per_agent(4, "attention"), _critic_flops_per_agent(48, "attention")
+    assert small < large < 1.2 * small
+
+
+def test_images_reach_a_cnn_pooled_critic_and_train(tmp_path, battle_yaml):
+    """The grid battle (13x13x5 views, no state()) with a cnn critic: each view through the cnn."""
+    result = marlkit.run(agent="MAPPO", env=battle_yaml(), logger="none", **{
+        "agents.MAPPO.critic": {"name": "cnn", "hidden_sizes": [32]}, "agents.MAPPO.epochs": 2,
+        "agents.MAPPO.pool": "max", "runner.run_root": str(tmp_path / "runs"), "runner.progress": False,
+        "runner.parallels": 2, "runner.horizon": 12, "runner.total_steps": 48})
+    assert result.steps == 48
+    assert np.isfinite(result.metrics["red/value_loss"]) and np.isfinite(result.metrics["blue/value_loss"])
+
+
+class Screens(ParallelEnv):
+    """Two agents seeing ``(H, W, 3)`` uint8 screens with an image ``state()``; a third agent
+    ``odd_0`` with a smaller view when ``odd`` (for grouping errors)."""
+
+    metadata = {"name": "screens_v0"}
+
+    def __init__(self, shape=(280, 480, 3), odd=False, state_shape=None):
+        self.possible_agents = ["paddle_0", "paddle_1"] + (["paddle_2"] if odd else [])
+        self.shapes = {a: shape for a in self.possible_agents}
+        if odd:
+            self.shapes["paddle_2"] = (shape[0] // 2, shape[1], 3)
+        self.state_space = spaces.Box(0, 255, state_shape or shape, np.uint8)
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 255, self.shapes[agent], np.uint8)
+
+    def action_space(self, agent):
+        return spaces.Discrete(3)
+
+    def _obs(self):
+        return {a: (np.arange(np.prod(s)) % 251).astype(np.uint8).reshape(s) for a, s in self.shapes.items()}
+
+    def state(self):
+        return np.zeros(self.state_space.shape, np.uint8)
+
+    def reset(self, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        zero = {a: 0.0 for a in self.agents}
+        return self._obs(), zero, {a: False for a in self.agents}, {a: False for a in self.agents}, \
+            {a: {} for a in self.agents}
+
+
+def screens(**kwargs):
+    return Screens(**kwargs)
+
+
+def test_an_image_state_gives_way_to_the_pooled_design_and_a_compact_one_stays():
+    env = PettingZooEnv(Screens())
+    assert env.spec.state_from_obs and env.spec.state_shape == (6, 31, 32)   # built from the views
+    own = PettingZooEnv(Screens(), state="env")
+    assert not own.spec.state_from_obs and own.spec.state_shape == (280, 480, 3)
+    compact = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    assert not compact.spec.state_from_obs and compact.spec.state_shape == (54,)
+    concat = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), state="concat")
+    assert concat.spec.state_from_obs
+    from scaling import make_env as battle                                   # no state(): as auto
+    assert PettingZooEnv(battle(4), state="env").spec.state_shape == (20, 13, 13)
+
+
+def test_large_images_are_shrunk_by_block_means_to_the_default_side(env_yaml):
+    cfg = build_config("MAPPO", env_yaml("test_pooled_critic:screens"))
+    env = make_env(cfg.env)
+    try:
+        ob = env.reset(seed=0)
+        assert env.spec.groups["agents"].obs_shape == (56, 60, 3)             # 280x480 in blocks of 5x8
+        raw = Screens()._obs()["paddle_0"].astype(np.float64)
+        expected = np.floor(raw.reshape(56, 5, 60, 8, 3).mean(axis=(1, 3)) + 0.5)
+        np.testing.assert_array_equal(ob.obs["agents"][0], expected)
+    finally:
+        env.close()
+    cfg = build_config("MAPPO", env_yaml("test_pooled_critic:screens", {"shape": [3, 60, 200]}))
+    env = make_env(cfg.env)                                                   # channels first: 60x200 -> 60x50
+    assert env.spec.groups["agents"].obs_shape == (3, 60, 50)
+    env.close()
+    for kept in ({"env.max_image_side": None}, {"env.resize": [70, 120]}):
+        cfg = build_config("MAPPO", env_yaml("test_pooled_critic:screens", {"shape": [3, 280, 480]}), **kept)
+        env = make_env(cfg.env)
+        assert env.spec.groups["agents"].obs_shape == (3, 280, 480) if not kept.get("env.resize") else (3, 70, 120)
+        env.close()
+
+
+def test_a_group_of_mismatched_views_is_refused_before_training(env_yaml, tmp_path):
+    path = env_yaml("test_pooled_critic:screens", {"odd": True}, env={"groups": {"paddles": ["paddle_*"]}})
+    with pytest.raises(ConfigError, match=r"env\.groups: agents of group 'paddles' .* split them"):
+        marlkit.run(agent="MAPPO", env=path, logger="none", **{"runner.run_root": str(tmp_path),
+                                                                "runner.total_steps": 8})
