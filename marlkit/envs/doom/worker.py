@@ -8,7 +8,9 @@ so the worker makes sure they go with it:
 - SIGTERM (a parent's ``terminate()``, multiprocessing's exit handler) kills the group;
 - a watchdog thread kills the group as soon as the parent process is gone, even while the main
   thread is blocked inside ``make_action`` waiting on a peer that will never answer;
-- the parent kills the group in ``close()`` after a short grace period.
+- the parent kills the group in ``close()`` after a short grace period;
+- a worker killed with SIGKILL runs none of the above (Ray kills an actor's child processes that
+  way), so a sentinel of its own, outside the group, kills the group once the worker is gone.
 
 Lockstep: in a network game every engine needs every peer's input for each tic, and more than
 2 tics per barrier hangs the engines (measured: ``make_action(a, 3 or 4)`` deadlocked within a few
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -71,6 +74,21 @@ def player_dir(work_dir: str, player: int) -> str:
 
 def _kill_group(*_):
     os.killpg(0, signal.SIGKILL)
+
+
+_SENTINEL = None
+
+
+def _start_sentinel() -> None:
+    """A shell blocked on a pipe whose only writer is this process (the fd is not inherited, so the
+    engine does not hold it): when this process ends, however, the read returns and the shell
+    kills the group. It sleeps in ``read``, so it costs no CPU."""
+    global _SENTINEL
+    read_end, _write_end = os.pipe()   # the write end stays open until this process ends
+    _SENTINEL = subprocess.Popen(["/bin/sh", "-c", f"read -r _; kill -9 -{os.getpid()} 2>/dev/null"],
+                                 stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                 start_new_session=True)
+    os.close(read_end)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -166,6 +184,7 @@ class _Player:
 def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     """Worker entry point: serve ``reset``/``step``/``close`` commands from the parent."""
     os.setpgid(0, 0)
+    _start_sentinel()
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent owns Ctrl+C and stops us in order
     signal.signal(signal.SIGTERM, _kill_group)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
