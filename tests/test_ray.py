@@ -2,6 +2,7 @@
 and worker nodes of one CPU each, every node and the driver bound to 127.0.0.1. Env workers land
 on several nodes, step like in-process envs, train identically to worker processes, survive a lost
 node, stop with a named error where no node has room, and leave no game process behind."""
+import ipaddress
 import os
 import subprocess
 import sys
@@ -16,13 +17,12 @@ ray = pytest.importorskip("ray")
 
 import marlkit
 from marlkit.envs.core import EnvWorkerError
-from marlkit.envs.ray_vector import RayVectorEnv
+from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, loopback_cluster
 from marlkit.envs.vector import _LIVE, SyncVectorEnv
 from test_doom_cleanup import descendants, is_engine
 from test_doom import gone_within
 from test_vector import fns, trajectory
 
-LOOPBACK = "127.0.0.1"
 TESTS = str(Path(__file__).parent)
 
 
@@ -32,36 +32,46 @@ def _nodes_alive() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Ray picks the node IP from the machine's route to the internet; here it must answer
-    loopback, so that nothing of the cluster listens on a network interface."""
-    from ray._private import services
-    from ray.cluster_utils import Cluster
-    detect = services.get_node_ip_address
-    services.get_node_ip_address = lambda address=None: LOOPBACK
-    # the nodes' workers import the toy envs of this folder, as the test process does
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (saved, TESTS) if p)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK,
-                                                      "include_dashboard": False})
-    try:
-        for _ in range(2):
-            c.add_node(num_cpus=1, node_ip_address=LOOPBACK)
-        ray.init(address=c.address, log_to_driver=False)
-        c.wait_for_nodes()
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        services.get_node_ip_address = detect
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+    with pytest.MonkeyPatch.context() as mp:
+        # the nodes' workers import the toy envs of this folder, as the test process does
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), TESTS) if p))
+        with loopback_cluster(nodes=2, cpus_per_node=1) as c:
+            yield c
 
 
-def test_nodes_listen_on_loopback_only(cluster):
+def _listening(pids) -> set[str]:
+    """Local addresses of the TCP sockets these processes listen on (``/proc``: socket inodes of
+    their fds against the LISTEN rows of the kernel's tables)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    raw = bytes.fromhex(cols[1].split(":")[0])   # 32-bit words, each little-endian
+                    ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+                    out.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return out
+
+
+def test_nodes_and_their_servers_listen_on_loopback_only(cluster):
     nodes = _nodes_alive()
     assert len(nodes) == 3 and {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}
+    addresses = _listening(descendants(os.getpid()) | {os.getpid()})
+    assert addresses == {LOOPBACK}, addresses
 
 
 def test_env_workers_land_on_two_nodes_and_step_like_in_process_envs(cluster):

@@ -17,6 +17,7 @@ Ray is imported lazily: ``--help`` and the other backends never pay for it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import socket
@@ -30,6 +31,7 @@ from marlkit.envs.vector import _LIVE, VectorEnv, _Arrays, _seeds, action_shapes
 from marlkit.errors import ConfigError
 
 RAY_PIN = "ray==2.60.0"
+LOOPBACK = "127.0.0.1"
 # room for a lost actor's replacement: Ray frees a dead node's resources a few seconds after it goes
 ROOM_WAIT_S = 30.0
 # the whole restart of a lost actor, so that a run with no room left stops within a minute
@@ -70,7 +72,7 @@ def connect(address: str | None) -> tuple[bool, bool]:
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address is None:
         # a Ray of this run only: nothing of it listens beyond this machine
-        ray.init(_node_ip_address="127.0.0.1", **quiet)
+        ray.init(_node_ip_address=LOOPBACK, **quiet)
         return True, True
     if address != "auto":
         _probe(address)
@@ -81,6 +83,34 @@ def connect(address: str | None) -> tuple[bool, bool]:
         raise ConfigError(f"runner.ray_address: cannot join a Ray cluster at {address!r} ({first}); start one "
                           "with `ray start --head`, or set runner.ray_address: null for a local Ray") from None
     return True, False
+
+
+@contextlib.contextmanager
+def loopback_cluster(nodes: int = 2, cpus_per_node: float = 1):
+    """A Ray cluster of several nodes on this machine, every node and this driver bound to
+    127.0.0.1 (a head with no CPUs, so that work lands on the worker nodes): for trying the
+    cluster paths (placement, node loss) without a network. Yields ``ray.cluster_utils.Cluster``;
+    ``cluster.remove_node`` takes a node away."""
+    ray = import_ray()
+    from ray._private import services
+    from ray.cluster_utils import Cluster
+    # Ray takes the node IP from the machine's route outwards; answered here, no node listens there
+    detect = services.get_node_ip_address
+    services.get_node_ip_address = lambda address=None: LOOPBACK
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK,
+                                                                "include_dashboard": False})
+        for _ in range(nodes):
+            cluster.add_node(num_cpus=cpus_per_node, node_ip_address=LOOPBACK)
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            cluster.shutdown()
+        services.get_node_ip_address = detect
 
 
 class EnvHost:
