@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from marlkit.envs.core import EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult
+from marlkit.envs.sentinel import disarm, kill_when_gone
 from marlkit.envs.vector import _LIVE, VectorEnv, _Arrays, _seeds, action_shapes, dumps_state
 from marlkit.errors import ConfigError
 
@@ -61,19 +62,69 @@ def _probe(address: str) -> None:
                           "for a local Ray") from None
 
 
-def connect(address: str | None) -> tuple[bool, bool]:
-    """Join or start Ray for this run: (connected here, started here). A Ray the caller already
-    initialised is used as it is; a cluster joined is left running at the end."""
+@contextlib.contextmanager
+def _loopback_node_ip():
+    """Ray takes a node's IP from the machine's route outwards, and maps 127.0.0.1 given to it onto
+    that IP too; answering loopback here binds the nodes started meanwhile to 127.0.0.1."""
+    from ray._private import services
+    detect = services.get_node_ip_address
+    services.get_node_ip_address = lambda address=None: LOOPBACK
+    try:
+        yield
+    finally:
+        services.get_node_ip_address = detect
+
+
+def _reap_with_this_process(ray):
+    """Ray's servers die with this process, but their agents linger for a minute or more after a
+    SIGKILL of it: the servers and agents of the local Ray go with this process, however it ends.
+    Workers are left out (they come and go, and their pids may be reused); they die with their
+    raylet."""
+    node = ray._private.worker._global_node
+    roots = {info.process.pid for infos in node.all_processes.values() for info in infos if info.process}
+    agents = {p for p in _descendants(roots) if _cmdline(p).startswith(("ray::DashboardAgent", "ray::RuntimeEnvAgent"))}
+    return kill_when_gone(sorted(roots | agents))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _descendants(pids: set[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = set(), list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def connect(address: str | None) -> tuple[bool, object]:
+    """Join or start Ray for this run: (connected here, the sentinel of a Ray started here or
+    None). A Ray the caller already initialised is used as it is; a cluster joined is left
+    running at the end."""
     ray = import_ray()
     if ray.is_initialized():
-        return False, False
+        return False, None
     if address is None:
         address = os.environ.get("RAY_ADDRESS") or None
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address is None:
-        # a Ray of this run only: nothing of it listens beyond this machine
-        ray.init(_node_ip_address=LOOPBACK, **quiet)
-        return True, True
+        with _loopback_node_ip():   # a Ray of this run only: nothing of it listens beyond this machine
+            ray.init(_node_ip_address=LOOPBACK, **quiet)
+        return True, _reap_with_this_process(ray)
     if address != "auto":
         _probe(address)
     try:
@@ -82,7 +133,7 @@ def connect(address: str | None) -> tuple[bool, bool]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"runner.ray_address: cannot join a Ray cluster at {address!r} ({first}); start one "
                           "with `ray start --head`, or set runner.ray_address: null for a local Ray") from None
-    return True, False
+    return True, None
 
 
 @contextlib.contextmanager
@@ -92,25 +143,19 @@ def loopback_cluster(nodes: int = 2, cpus_per_node: float = 1):
     cluster paths (placement, node loss) without a network. Yields ``ray.cluster_utils.Cluster``;
     ``cluster.remove_node`` takes a node away."""
     ray = import_ray()
-    from ray._private import services
     from ray.cluster_utils import Cluster
-    # Ray takes the node IP from the machine's route outwards; answered here, no node listens there
-    detect = services.get_node_ip_address
-    services.get_node_ip_address = lambda address=None: LOOPBACK
-    cluster = None
-    try:
+    with _loopback_node_ip():
         cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK,
                                                                 "include_dashboard": False})
-        for _ in range(nodes):
-            cluster.add_node(num_cpus=cpus_per_node, node_ip_address=LOOPBACK)
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        cluster.wait_for_nodes()
-        yield cluster
-    finally:
-        ray.shutdown()
-        if cluster is not None:
+        try:
+            for _ in range(nodes):
+                cluster.add_node(num_cpus=cpus_per_node, node_ip_address=LOOPBACK)
+            ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+            cluster.wait_for_nodes()
+            yield cluster
+        finally:
+            ray.shutdown()
             cluster.shutdown()
-        services.get_node_ip_address = detect
 
 
 class EnvHost:
@@ -180,7 +225,7 @@ class RayVectorEnv(VectorEnv):
         self.bytes_sent = self.bytes_received = 0
         self.closed = False
         self.actors: list = []
-        self.connected, self.started = connect(address)
+        self.connected, self.reaper = connect(address)
         _LIVE.add(self)
         try:
             if num_workers is None:
@@ -360,6 +405,8 @@ class RayVectorEnv(VectorEnv):
         self.actors = []
         if self.connected:
             ray.shutdown()
+        if self.reaper is not None:
+            disarm(self.reaper)
 
 
 def make_ray_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, num_workers: int | None,

@@ -17,19 +17,20 @@ Lockstep: in a network game every engine needs every peer's input for each tic, 
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-This module imports neither torch nor the rest of marlkit (a spawned worker still imports the
+This module imports neither torch nor marlkit beyond its sentinel (a spawned worker still imports the
 ``marlkit.envs`` package on the way here, but not torch or the agents).
 """
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from marlkit.envs.sentinel import kill_when_gone
 
 TICS_PER_BARRIER = 2
 VARIABLES = ["KILLCOUNT", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
@@ -74,21 +75,6 @@ def player_dir(work_dir: str, player: int) -> str:
 
 def _kill_group(*_):
     os.killpg(0, signal.SIGKILL)
-
-
-_SENTINEL = None
-
-
-def _start_sentinel() -> None:
-    """A shell blocked on a pipe whose only writer is this process (the fd is not inherited, so the
-    engine does not hold it): when this process ends, however, the read returns and the shell
-    kills the group. It sleeps in ``read``, so it costs no CPU."""
-    global _SENTINEL
-    read_end, _write_end = os.pipe()   # the write end stays open until this process ends
-    _SENTINEL = subprocess.Popen(["/bin/sh", "-c", f"read -r _; kill -9 -{os.getpid()} 2>/dev/null"],
-                                 stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                 start_new_session=True)
-    os.close(read_end)
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -184,7 +170,7 @@ class _Player:
 def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     """Worker entry point: serve ``reset``/``step``/``close`` commands from the parent."""
     os.setpgid(0, 0)
-    _start_sentinel()
+    kill_when_gone([-os.getpid()])   # this group, engine included
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent owns Ctrl+C and stops us in order
     signal.signal(signal.SIGTERM, _kill_group)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
