@@ -122,8 +122,10 @@ def connect(address: str | None) -> tuple[bool, object]:
         address = os.environ.get("RAY_ADDRESS") or None
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address is None:
-        with _loopback_node_ip():   # a Ray of this run only: nothing of it listens beyond this machine
-            ray.init(_node_ip_address=LOOPBACK, **quiet)
+        # a Ray of this run only ("local": never one that `ray start` left on this machine), and
+        # nothing of it listens beyond this machine
+        with _loopback_node_ip():
+            ray.init(address="local", _node_ip_address=LOOPBACK, **quiet)
         return True, _reap_with_this_process(ray)
     if address != "auto":
         _probe(address)
