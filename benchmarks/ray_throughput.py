@@ -1,7 +1,7 @@
 """Env-steps/s of the vector-env backends side by side, and the bytes a Ray step moves.
 
     python benchmarks/ray_throughput.py [--env mpe_spread doom_coop] [--steps 4000 1200] [--repeats 3]
-                                        [--train] [--tag NAME]
+                                        [--train] [--round-trip STEPS] [--tag NAME]
 
 For each env, ``runner.vectorize`` sync, subprocess and ray (a two-node Ray cluster on this machine,
 every node bound to 127.0.0.1, one CPU per node, one actor per node) step the env's own YAML
@@ -52,12 +52,24 @@ def steps_per_s(cfg, vectorize: str, steps: int) -> tuple[float, float | None]:
         venv.close()
 
 
+def round_trip_ms(steps: int) -> dict:
+    """Per vector step of 2 mpe_spread envs: ray with 1 and 2 actors minus in process, in ms."""
+    cfg = build_config("MAPPO", "mpe_spread", "train", **{"runner.parallels": 2})
+    per_step = {}
+    for name, vectorize, workers in (("sync", "sync", 1), ("ray_1", "ray", 1), ("ray_2", "ray", 2)):
+        rate, _ = steps_per_s(replace(cfg, runner=replace(cfg.runner, workers=workers)), vectorize, steps)
+        per_step[name] = 2e3 / rate
+    return {"one_actor": per_step["ray_1"] - per_step["sync"], "per_further_actor": per_step["ray_2"] - per_step["ray_1"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--env", nargs="+", default=["mpe_spread", "doom_coop"])
+    parser.add_argument("--env", nargs="*", default=["mpe_spread", "doom_coop"])
     parser.add_argument("--steps", nargs="+", type=int, default=[4000, 1200], help="env steps per measurement, per env")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--train", action="store_true", help="also time MAPPO training with vectorize: sync")
+    parser.add_argument("--round-trip", type=int, default=0, metavar="STEPS",
+                        help="also time one Ray call per step (mpe_spread, 2 envs) over STEPS env steps")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     rows = []
@@ -83,8 +95,12 @@ def main() -> None:
                   + f"  env-steps/s;  ray {payload:,.0f} B/step ({row['ray_bytes_per_env_step']:,.0f} B/env-step)"
                   + (f"; train(sync) {row['train_sync_steps_per_s']:.0f}" if row.get("train_sync_steps_per_s") else ""),
                   flush=True)
+        trip = round_trip_ms(args.round_trip) if args.round_trip else None
+        if trip:
+            print(f"ray round trip per vector step: {trip['one_actor']:.2f} ms with one actor, "
+                  f"+{trip['per_further_actor']:.2f} ms per further actor")
     out = Path(__file__).parent / "results" / f"ray_throughput{'_' + args.tag if args.tag else ''}.json"
-    out.write_text(json.dumps({"cpu": cpu_model(), "rows": rows}, indent=2))
+    out.write_text(json.dumps({"cpu": cpu_model(), "rows": rows, "round_trip_ms": trip}, indent=2))
     print(f"wrote {out}")
 
 
