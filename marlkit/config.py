@@ -88,8 +88,12 @@ class EnvConfig:
 @dataclass
 class RunnerConfig:
     parallels: int = field(default=16, metadata=_range(1))
-    vectorize: Literal["sync", "subprocess", "auto"] = "sync"   # auto: subprocess from two envs on
-    workers: Optional[int] = field(default=None, metadata=_range(1))
+    vectorize: Literal["sync", "subprocess", "auto", "ray"] = "sync"   # auto: subprocess from two envs on
+    workers: Optional[int] = field(default=None, metadata=_range(1))   # ray: actors (null: the cluster's room)
+    # ray: null joins RAY_ADDRESS if set, else starts a Ray of this run; 'auto' or host:port joins a cluster
+    ray_address: Optional[str] = None
+    ray_cpus_per_worker: float = field(default=1.0, metadata=_range(0.01))
+    ray_max_restarts: int = field(default=3, metadata=_range(0))   # lost actors replaced per run
     start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
     worker_timeout: float = field(default=60.0, metadata=_range(0.1))
     worker_start_timeout: float = field(default=120.0, metadata=_range(0.1))

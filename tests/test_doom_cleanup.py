@@ -58,7 +58,9 @@ class Watched:
     """A training process and every process it ever started, sampled every 50 ms."""
 
     def __init__(self, args: list[str], cwd: Path):
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+        # the tests folder ahead of the caller's path, so that the marlkit under test is the one run
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                        os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env)
         self.seen: set[int] = set()
@@ -125,9 +127,11 @@ def train_args(root: Path, vectorize: str, total: int) -> list[str]:
 
 
 VECTORIZE = ["sync", "subprocess"]
+# a Ray of the run's own (runner.ray_address null): its servers and actors are the run's descendants too
+WITH_RAY = [*VECTORIZE, "ray"]
 
 
-@pytest.mark.parametrize("vectorize", VECTORIZE)
+@pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_normal_end(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 64), tmp_path)
     rc, stderr = w.finish()
@@ -136,7 +140,7 @@ def test_normal_end(tmp_path, vectorize, watch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]   # no _vizdoom.ini, no _vizdoom/
 
 
-@pytest.mark.parametrize("vectorize", VECTORIZE)
+@pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_ctrl_c(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
     w.until(w.training(tmp_path / "runs"))
@@ -213,7 +217,7 @@ def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path, watch):
     w.assert_all_gone(seconds=2)
 
 
-@pytest.mark.parametrize("vectorize", VECTORIZE)
+@pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_training_process_killed(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
     w.until(w.training(tmp_path / "runs"))

@@ -40,6 +40,11 @@ def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None =
                     render: bool = False, first_index: int = 0) -> VectorEnv:
     """``first_index``: the index of the first env, so that two vector envs open at once (training
     and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
+    if runner.vectorize == "ray":
+        from marlkit.envs.ray_vector import make_ray_vector_env
+        return make_ray_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.workers,
+                                   runner.ray_cpus_per_worker, runner.ray_address, runner.worker_timeout,
+                                   runner.worker_start_timeout, runner.ray_max_restarts, first_index)
     return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
                            runner.workers, runner.worker_timeout, runner.start_method,
                            runner.worker_start_timeout, first_index)

@@ -236,6 +236,7 @@ class EpisodeStats:
 class VectorEnv:
     spec: EnvSpec
     num_envs: int
+    restarts = 0   # workers replaced after a loss (backends that restart them)
 
     def __init__(self):
         self._acting: dict | None = None

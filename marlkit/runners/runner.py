@@ -421,9 +421,13 @@ class Runner:
                     now = time.perf_counter()
                     metrics["perf/env_steps_per_s"] = (state["steps"] - last_steps) / max(now - last_t, 1e-9)
                     last_t, last_steps = now, state["steps"]
+                    if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
+                        metrics["env/worker_restarts"] = self.venv.restarts
                     self.logger.log(metrics, state["steps"])
                     state["next_log"] = state["steps"] + rc.log_interval
                     shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
+                    if self.venv.restarts:
+                        shown["restarts"] = self.venv.restarts
                     if state["recent"]:
                         shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
                     bar.set_postfix(shown, refresh=False)

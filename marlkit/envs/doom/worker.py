@@ -8,14 +8,16 @@ so the worker makes sure they go with it:
 - SIGTERM (a parent's ``terminate()``, multiprocessing's exit handler) kills the group;
 - a watchdog thread kills the group as soon as the parent process is gone, even while the main
   thread is blocked inside ``make_action`` waiting on a peer that will never answer;
-- the parent kills the group in ``close()`` after a short grace period.
+- the parent kills the group in ``close()`` after a short grace period;
+- a worker killed with SIGKILL runs none of the above (Ray kills an actor's child processes that
+  way), so a sentinel of its own, outside the group, kills the group once the worker is gone.
 
 Lockstep: in a network game every engine needs every peer's input for each tic, and more than
 2 tics per barrier hangs the engines (measured: ``make_action(a, 3 or 4)`` deadlocked within a few
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-This module imports neither torch nor the rest of marlkit (a spawned worker still imports the
+This module imports neither torch nor marlkit beyond its sentinel (a spawned worker still imports the
 ``marlkit.envs`` package on the way here, but not torch or the agents).
 """
 from __future__ import annotations
@@ -27,6 +29,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from marlkit.envs.sentinel import kill_when_gone
 
 TICS_PER_BARRIER = 2
 VARIABLES = ["KILLCOUNT", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
@@ -171,6 +175,7 @@ class _Player:
 def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     """Worker entry point: serve ``reset``/``step``/``close`` commands from the parent."""
     os.setpgid(0, 0)
+    kill_when_gone([-os.getpid()])   # this group, engine included
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # the parent owns Ctrl+C and stops us in order
     signal.signal(signal.SIGTERM, _kill_group)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()

@@ -1,0 +1,232 @@
+"""``runner.vectorize: ray`` on a real multi-node Ray cluster on this machine: a head with no CPUs
+and worker nodes of one CPU each, every node and the driver bound to 127.0.0.1. Env workers land
+on several nodes, step like in-process envs, train identically to worker processes, survive a lost
+node, stop with a named error where no node has room, and leave no game process behind."""
+import ipaddress
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import marlkit
+from marlkit.envs.core import EnvWorkerError
+from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, loopback_cluster
+from marlkit.envs.vector import _LIVE, SyncVectorEnv
+from test_doom_cleanup import descendants, is_engine
+from test_doom import gone_within
+from test_vector import fns, trajectory
+
+TESTS = str(Path(__file__).parent)
+
+
+def _nodes_alive() -> list[dict]:
+    return [n for n in ray.nodes() if n["Alive"]]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with pytest.MonkeyPatch.context() as mp:
+        # the nodes' workers import the toy envs of this folder, as the test process does
+        mp.setenv("PYTHONPATH", os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), TESTS) if p))
+        with loopback_cluster(nodes=2, cpus_per_node=1) as c:
+            yield c
+
+
+def _listening(pids) -> set[str]:
+    """Local addresses of the TCP sockets these processes listen on (``/proc``: socket inodes of
+    their fds against the LISTEN rows of the kernel's tables)."""
+    inodes = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.read().splitlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:
+                    raw = bytes.fromhex(cols[1].split(":")[0])   # 32-bit words, each little-endian
+                    ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+                    out.add(str(getattr(ip, "ipv4_mapped", None) or ip))
+    return out
+
+
+def test_nodes_and_their_servers_listen_on_loopback_only(cluster):
+    nodes = _nodes_alive()
+    assert len(nodes) == 3 and {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}
+    addresses = _listening(descendants(os.getpid()) | {os.getpid()})
+    assert addresses == {LOOPBACK}, addresses
+
+
+def test_env_workers_land_on_two_nodes_and_step_like_in_process_envs(cluster):
+    expected = trajectory(SyncVectorEnv(fns(5, length=7)))
+    venv = RayVectorEnv(fns(5, length=7), num_workers=2)
+    try:
+        assert len({node for node, _, _ in venv.nodes}) == 2
+        got = trajectory(venv)
+        assert len(got) == len(expected)
+        for a, b in zip(expected, got):
+            np.testing.assert_array_equal(a, b)
+        # one batched call per actor per step: the actions of all its envs go out, the arrays come back
+        assert venv.bytes_sent == 40 * 5 * 3 * 8
+    finally:
+        venv.close()
+    assert not any(isinstance(v, RayVectorEnv) for v in _LIVE)
+
+
+def _weights(run_dir: Path) -> dict:
+    return torch.load(run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+
+
+def test_training_on_the_cluster_is_identical_to_worker_processes_and_resumes_across_modes(cluster, tiny):
+    settings = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.workers": 2,
+                "runner.save_interval": 300}
+
+    def train(vectorize, total, **extra):
+        return marlkit.run(agent="MAPPO", env="mpe_spread", seed=5,
+                           **{**settings, "runner.vectorize": vectorize, "runner.total_steps": total, **extra})
+
+    sub, on_ray = train("subprocess", 600), train("ray", 600)
+    half = train("ray", 300)
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.vectorize": "subprocess"})
+    for run in (on_ray, resumed):
+        assert run.steps == sub.steps == 600 and run.episode_returns == sub.episode_returns
+        for key, value in sub.metrics.items():
+            if not key.startswith("perf/"):
+                assert run.metrics[key] == value, key
+        a, b = _weights(sub.run_dir), _weights(run.run_dir)
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def _engines_of(pids) -> set[int]:
+    return {p for pid in pids for p in descendants(pid) if is_engine(p)}
+
+
+def test_doom_matches_on_the_cluster_die_with_their_actors(cluster):
+    from dataclasses import replace
+
+    from marlkit.config import resolve
+    from marlkit.envs.factory import make_env_vector
+    cfg = resolve("MAPPO", "doom_coop")
+    env_cfg = replace(cfg.env, players=2, resize=[30, 40], episode_timeout=40, frame_skip=2)
+    runner = replace(cfg.runner, vectorize="ray", workers=2, parallels=2)
+    venv = make_env_vector(env_cfg, runner)
+    try:
+        assert len({node for node, _, _ in venv.nodes}) == 2
+        engines = [_engines_of([pid]) for _, _, pid in venv.nodes]
+        assert [len(e) for e in engines] == [2, 2], engines   # one match of 2 players per actor, on its node
+        obs = venv.reset(seed=3)
+        assert obs.obs["agents"].dtype == np.uint8
+        rng = np.random.default_rng(0)
+        n_actions = venv.spec.groups["agents"].action_space.n
+        for _ in range(5):
+            res = venv.step({"agents": rng.integers(0, n_actions, (2, 2))})
+        assert res.next.obs["agents"].dtype == np.uint8 and res.next.obs["agents"].shape[:2] == (2, 2)
+        ray.kill(venv.actors[0], no_restart=True)
+        assert gone_within(sorted(engines[0]), 15), "the games of a killed actor outlived it"
+        assert all(os.path.exists(f"/proc/{p}") for p in engines[1])
+    finally:
+        venv.close()
+    assert gone_within(sorted(engines[1]), 15), "games outlived close()"
+
+
+def _cluster_node(cluster, node_id: str):
+    return next(n for n in cluster.worker_nodes if n.node_id == node_id)
+
+
+def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_named(cluster):
+    spare = cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    venv = RayVectorEnv(fns(4, length=50), num_workers=2, timeout=30)
+    try:
+        venv.reset(seed=1)
+        actions = {"agents": np.zeros((4, 3), np.int64)}
+        for _ in range(3):
+            before = venv.step(actions)
+        lost_node = venv.nodes[0][0]
+        cluster.remove_node(_cluster_node(cluster, lost_node))
+        res = venv.step(actions)
+        assert venv.restarts == 1 and venv.nodes[0][0] not in (lost_node, venv.nodes[1][0])
+        # the lost envs' episodes end truncated at the last observation seen, with no reward and no
+        # episode report; fresh episodes follow; the other actor's envs went on
+        np.testing.assert_array_equal(res.episode_end, [True, True, False, False])
+        assert res.truncated["agents"][:2].all() and not res.terminated["agents"][:2].any()
+        assert (res.reward["agents"][:2] == 0).all() and not any("episode" in i for i in res.infos)
+        np.testing.assert_array_equal(res.final.obs["agents"][:2], before.next.obs["agents"][:2])
+        for _ in range(3):
+            res = venv.step(actions)
+        assert not res.episode_end.any()
+        # no room left for a second loss: one line naming the node, well within a minute
+        lost_node = venv.nodes[1][0]
+        cluster.remove_node(_cluster_node(cluster, lost_node))
+        began = time.monotonic()
+        with pytest.raises(EnvWorkerError) as err:
+            for _ in range(3):
+                venv.step(actions)
+        assert time.monotonic() - began < 60
+        message = str(err.value)
+        assert lost_node[:12] in message and "no live node has 1 free CPU" in message and "--resume" in message
+    finally:
+        venv.close()
+        for _ in range(3 - len(cluster.worker_nodes)):   # the two worker nodes the other tests expect
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        cluster.wait_for_nodes()
+        del spare
+
+
+def _marlkit(*args, env=None, timeout=60):
+    env = {**os.environ, **(env or {})}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_a_run_without_an_address_starts_its_own_ray_beside_a_running_cluster(cluster, tmp_path):
+    """ray.init() with no address would join the cluster last started on this machine."""
+    jobs, nodes = len(ray._private.state.jobs()), len(_nodes_alive())
+    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=1",
+                   "runner.parallels=2", "runner.total_steps=100", "logger=none", "runner.progress=false",
+                   f"runner.run_root={tmp_path}", timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(ray._private.state.jobs()) == jobs and len(_nodes_alive()) == nodes
+
+
+def test_a_bad_ray_address_fails_at_once_with_one_line(tmp_path):
+    began = time.monotonic()
+    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
+                   "runner.ray_address=127.0.0.1:1", f"runner.run_root={tmp_path}")
+    assert time.monotonic() - began < 30
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "runner.ray_address" in lines[0] and "127.0.0.1:1" in lines[0] \
+        and "ray start --head" in lines[0], out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_without_ray_the_message_names_the_install_command(tmp_path):
+    # a Python where `import ray` fails as it does where ray is not installed
+    blocker = tmp_path / "noray"
+    blocker.mkdir()
+    (blocker / "ray.py").write_text("raise ImportError('No module named ray')\n")
+    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
+                   f"runner.run_root={tmp_path / 'runs'}",
+                   env={"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])})
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install ray==2.60.0" in lines[0] and "runner.vectorize" in lines[0], out.stderr
