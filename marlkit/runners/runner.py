@@ -89,7 +89,7 @@ class Runner:
             raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
         if cfg.mode == "test" and not cfg.load:
             raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")
-        if cfg.load:
+        if cfg.load and not cfg.resume:   # a resumed run takes every group's weights from its latest.pt
             if not Path(cfg.load).is_file():
                 raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
             load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
@@ -125,9 +125,12 @@ class Runner:
                     else self.cfg.agent) for g in groups}
 
     def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
-        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``."""
+        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``, except
+        on resume: the run's latest.pt holds every group's weights, and the files it began from may
+        have moved since."""
         names = self._group_agent_names(spec.groups)
-        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load else None
+        loads = not self.cfg.resume
+        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load and loads else None
         agents = {}
         for i, (g, gs) in enumerate(spec.groups.items()):
             cls = get_agent(names[g])
@@ -136,7 +139,7 @@ class Runner:
                             state_channels_last=spec.state_channels_last)
             group_cfg = self.cfg.groups.get(g)
             ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
-                if group_cfg is not None and group_cfg.load else run_ckpt
+                if loads and group_cfg is not None and group_cfg.load else run_ckpt
             if ckpt is not None:
                 _load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
         return agents
