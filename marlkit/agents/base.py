@@ -175,7 +175,7 @@ class OnPolicyAgent(Agent):
                                     self.state_shape if self.uses_state else None, action_shape,
                                     action_dtype, group.n_actions,
                                     (2, self.hidden_size) if self.recurrent else None, self.state_dtype)
-        self._episode_start = np.ones(num_envs, bool)
+        self._episode_start = np.ones((num_envs, group.n_agents), bool)
 
     @classmethod
     def check_config(cls, cfg: OnPolicyConfig, runner, key: str) -> None:
@@ -322,7 +322,7 @@ class OnPolicyAgent(Agent):
         arrays (advantages, returns, ...) and the episode starts."""
         buf = self.buffer
         episode_start = buf.episode_start(self._episode_start)
-        self._episode_start = buf.episode_end[-1].copy()
+        self._episode_start = buf.ends()[-1]
         last_value, truncation_value = self.estimate_values(bootstrap)
         targets = self.targets(bootstrap, last_value, truncation_value)
         targets["advantages"] = self.normalize_advantages(targets["advantages"])
@@ -446,4 +446,6 @@ class OnPolicyAgent(Agent):
         if not weights_only:
             self.optimizer.load_state_dict(state["optimizer"])
             self.generator.set_state(state["generator"])
-            self._episode_start = state["episode_start"].copy()
+            # [E] in checkpoints from before per-agent episode starts
+            start = state["episode_start"]
+            self._episode_start = np.broadcast_to(start.reshape(len(start), -1), self._episode_start.shape).copy()
