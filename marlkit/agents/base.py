@@ -10,6 +10,7 @@ where it differs: ``sample`` (how ``act`` picks actions), ``estimate_values`` / 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -88,6 +89,17 @@ class Agent:
 
     def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
         raise NotImplementedError
+
+    @contextmanager
+    def own_generators(self, seed: int):
+        """Acting inside draws from generators seeded with ``seed``, and the agent's own generators
+        are left as they were: evaluation episodes cannot change what training draws."""
+        kept = self.rng
+        self.rng = np.random.default_rng(seed)
+        try:
+            yield
+        finally:
+            self.rng = kept
 
     def store(self, step: Transition) -> None:
         """Keep one transition; agents that do not learn ignore it."""
@@ -226,6 +238,16 @@ class OnPolicyAgent(Agent):
 
     def after_update(self, progress: Progress | None) -> None:
         """Runs once after every ``update``'s gradient steps (e.g. a target-network sync)."""
+
+    @contextmanager
+    def own_generators(self, seed: int):
+        kept = self.generator
+        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        try:
+            with super().own_generators(seed):
+                yield
+        finally:
+            self.generator = kept
 
     @property
     def critic_acts_online(self) -> bool:
