@@ -16,7 +16,9 @@ class Transition:
     state that was fed to ``act``; ``final_obs``/``final_state`` are the last observation before an
     auto-reset (used to bootstrap truncated episodes); ``extras`` travel untouched from ``ActOut``;
     ``agent_end`` ``[E, A]`` marks agents whose own episode ended while their env goes on (None: none
-    did), so that training resets their memory where acting did.
+    did), so that training resets their memory where acting did; ``final_action_mask`` is the action
+    mask that goes with ``final_obs`` (None: every action allowed), for agents that pick an action
+    there to value a truncated episode (COMA's Q of a joint action).
     """
 
     obs: np.ndarray
@@ -36,6 +38,7 @@ class Transition:
     next_hidden: np.ndarray | None = None
     extras: dict[str, np.ndarray] = field(default_factory=dict)
     agent_end: np.ndarray | None = None
+    final_action_mask: np.ndarray | None = None
 
 
 class RolloutBuffer:
@@ -103,7 +106,9 @@ class RolloutBuffer:
         for e in np.flatnonzero(cut.any(-1)):
             hidden = tr.next_hidden[e].copy() if tr.next_hidden is not None else None
             state = tr.final_state[e].copy() if self.stores_state else self.state[t, e]
-            self.finals.append((t, e, tr.final_obs[e].copy(), state, hidden))
+            mask = (tr.final_action_mask[e].copy() if tr.final_action_mask is not None
+                    else np.ones(self.action_mask.shape[2:], bool))
+            self.finals.append((t, e, tr.final_obs[e].copy(), state, hidden, mask))
         self.step += 1
 
     def reset(self) -> None:

@@ -357,20 +357,22 @@ class OnPolicyAgent(Agent):
 
     def finals(self) -> dict[str, np.ndarray] | None:
         """The rollout's truncation finals stacked as ``[N, ...]`` arrays (``t``, ``e``, ``obs``,
-        ``state``, ``agent_mask``: the slots present at that step, ``hidden``), or None if there are none."""
+        ``state``, ``agent_mask``: the slots present at that step, ``hidden``, ``action_mask``: the
+        actions allowed at the final observation), or None if there are none."""
         buf = self.buffer
         if not buf.finals:
             return None
-        ts, es, fobs, fstate, fhidden = zip(*buf.finals)
+        ts, es, fobs, fstate, fhidden, fmask = zip(*buf.finals)
         ts, es = np.array(ts), np.array(es)
         return {"t": ts, "e": es, "obs": np.stack(fobs), "state": np.stack(fstate),
-                "agent_mask": buf.agent_mask[ts, es], "hidden": np.stack(fhidden) if self.recurrent else None}
+                "agent_mask": buf.agent_mask[ts, es], "hidden": np.stack(fhidden) if self.recurrent else None,
+                "action_mask": np.stack(fmask)}
 
     @torch.no_grad()
     def joint_actions(self, obs, state, agent_mask, action_mask, hidden) -> np.ndarray:
         """The joint actions ``[N, A, ...]`` the current policy picks at ``N`` observations (e.g. the
-        bootstrap step or truncation finals, where a Q-critic needs Q(s, u)); ``action_mask`` None
-        allows every action (the env hands no mask with a final observation)."""
+        bootstrap step or truncation finals, where a Q-critic needs Q(s, u)), among the actions
+        ``action_mask`` allows (None: every action)."""
         h_actor = self.split_hidden(self.tensor(hidden))[0] if hidden is not None else None
         m = None
         if self.group.n_actions:

@@ -336,7 +336,7 @@ class Runner:
                             obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
                             out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
                             res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
-                            res.agent_end.get(g)))
+                            agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
                     for info in res.infos:
                         if "episode" in info:
                             state["recent"].append(info["episode"]["return"])
