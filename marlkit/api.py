@@ -14,7 +14,7 @@ MODES = ("train", "test", "benchmark")
 FROZEN_ON_RESUME = ("agent", "env_name", "seed", "env", "groups", "runner.parallels", "runner.horizon")
 
 
-def build_config(agent: str | None = None, env: str | None = None, mode: str = "train",
+def build_config(agent: str | None = None, env: str | None = None, mode: str | None = None,
                  config: str | list[str] | None = None, resume: str | None = None,
                  overrides: dict | None = None, **kwargs):
     """Resolve a run config (agent default MAPPO, env default mpe_spread).
@@ -23,8 +23,9 @@ def build_config(agent: str | None = None, env: str | None = None, mode: str = "
     ``kwargs`` are top-level keys (``seed=3``), sections (``runner={"parallels": 8}``) or dotted keys
     (``**{"runner.parallels": 8}``). With ``resume``, the run directory's saved config is the base,
     only overrides apply, and everything an exact resume needs is checked before anything starts.
+    ``mode`` None trains, or with ``resume`` continues the run in the mode it was started in.
     """
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise ConfigError(f"mode {mode!r} is not one of {', '.join(MODES)}")
     nested: dict = deep_merge({}, overrides or {})
     for key, value in kwargs.items():
@@ -32,6 +33,7 @@ def build_config(agent: str | None = None, env: str | None = None, mode: str = "
     files = [config] if isinstance(config, str) else list(config or [])
     if resume:
         return _resume_config(Path(resume), agent, env, mode, files, nested)
+    mode = mode or "train"
     import_modules(list(nested.get("imports") or []))
     if nested.get("load"):
         # what the checkpoint was trained with: its imports, and its agent and env unless given
@@ -56,7 +58,7 @@ def _saved_config(run_dir: Path) -> dict:
     return load_yaml(saved) if saved.is_file() else {}
 
 
-def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: dict):
+def _resume_config(run_dir: Path, agent, env, mode: str | None, files: list, nested: dict):
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise FileNotFoundError(f"--resume {str(run_dir)!r}: no config.yaml there; pass a run directory "
@@ -78,7 +80,10 @@ def _resume_config(run_dir: Path, agent, env, mode: str, files: list, nested: di
     before = from_dict(data)
     merged = deep_merge(data, nested)
     # a plain --resume continues the run as it was started: a benchmark goes on evaluating
-    mode = data.get("mode", mode) if mode == "train" else mode
+    mode = mode or data.get("mode", "train")
+    if mode == "test":
+        raise ConfigError(f"--resume {str(run_dir)!r} continues training; to test the run pass "
+                          f"--test --load {latest} instead")
     merged.update(mode=mode, resume=str(run_dir), imports=imports)
     after = from_dict(merged)
     for frozen in FROZEN_ON_RESUME:
@@ -120,8 +125,9 @@ def _saved_steps(latest: Path) -> int:
     return read_steps(latest)
 
 
-def run(agent: str | None = None, env: str | None = None, mode: str = "train", **kwargs) -> RunResult:
-    """Train, test or benchmark; returns the run directory and final metrics."""
+def run(agent: str | None = None, env: str | None = None, mode: str | None = None, **kwargs) -> RunResult:
+    """Train, test or benchmark (``mode``; None trains, or continues a ``resume`` run in its own
+    mode); returns the run directory and final metrics."""
     cfg = build_config(agent, env, mode, **kwargs)
     return run_config(cfg)
 

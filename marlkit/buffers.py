@@ -14,7 +14,11 @@ class Transition:
 
     Arrays are ``[E, A, ...]`` (``state`` and ``episode_end`` are per env). ``hidden`` is the hidden
     state that was fed to ``act``; ``final_obs``/``final_state`` are the last observation before an
-    auto-reset (used to bootstrap truncated episodes); ``extras`` travel untouched from ``ActOut``.
+    auto-reset (used to bootstrap truncated episodes); ``extras`` travel untouched from ``ActOut``;
+    ``agent_end`` ``[E, A]`` marks agents whose own episode ended while their env goes on (None: none
+    did), so that training resets their memory where acting did; ``final_action_mask`` is the action
+    mask that goes with ``final_obs`` (None: every action allowed), for agents that pick an action
+    there to value a truncated episode (COMA's Q of a joint action).
     """
 
     obs: np.ndarray
@@ -33,6 +37,8 @@ class Transition:
     hidden: np.ndarray | None = None
     next_hidden: np.ndarray | None = None
     extras: dict[str, np.ndarray] = field(default_factory=dict)
+    agent_end: np.ndarray | None = None
+    final_action_mask: np.ndarray | None = None
 
 
 class RolloutBuffer:
@@ -59,6 +65,7 @@ class RolloutBuffer:
         self.terminated = np.zeros((T, E, A), bool)
         self.truncated = np.zeros((T, E, A), bool)
         self.episode_end = np.zeros((T, E), bool)
+        self.agent_end = np.zeros((T, E, A), bool)
         self.hidden = np.zeros((T, E, A) + tuple(hidden_shape), np.float32) if hidden_shape else None
         self.extras: dict[str, np.ndarray] = {}
         self.finals: list[tuple] = []
@@ -88,6 +95,7 @@ class RolloutBuffer:
         self.terminated[t] = tr.terminated
         self.truncated[t] = tr.truncated
         self.episode_end[t] = tr.episode_end
+        self.agent_end[t] = tr.agent_end if tr.agent_end is not None else False
         if self.hidden is not None:
             self.hidden[t] = tr.hidden
         for key, value in tr.extras.items():
@@ -98,7 +106,9 @@ class RolloutBuffer:
         for e in np.flatnonzero(cut.any(-1)):
             hidden = tr.next_hidden[e].copy() if tr.next_hidden is not None else None
             state = tr.final_state[e].copy() if self.stores_state else self.state[t, e]
-            self.finals.append((t, e, tr.final_obs[e].copy(), state, hidden))
+            mask = (tr.final_action_mask[e].copy() if tr.final_action_mask is not None
+                    else np.ones(self.action_mask.shape[2:], bool))
+            self.finals.append((t, e, tr.final_obs[e].copy(), state, hidden, mask))
         self.step += 1
 
     def reset(self) -> None:
@@ -106,10 +116,15 @@ class RolloutBuffer:
         self.finals = []
         self.has_values = False
 
+    def ends(self) -> np.ndarray:
+        """``[T, E, A]``: the agent's episode ended at step t, with its env's or on its own."""
+        return self.episode_end[:, :, None] | self.agent_end
+
     def episode_start(self, first: np.ndarray) -> np.ndarray:
-        """``[T, E]``: step t opens an episode (the env was reset after step t-1); ``first`` is the
-        flag for t=0, carried over from the previous rollout."""
-        return np.concatenate([first[None], self.episode_end[:-1]], 0)
+        """``[T, E, A]``: step t opens the agent's episode (its env was reset, or its own episode
+        ended, after step t-1), where acting reset its memory; ``first`` ``[E, A]`` is the flag for
+        t=0, carried over from the previous rollout."""
+        return np.concatenate([first[None], self.ends()[:-1]], 0)
 
 
 def last_present_value(value: np.ndarray, agent_mask: np.ndarray) -> np.ndarray:

@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("choose one of --test and --benchmark")
     from marlkit.api import build_config, run_config
     from marlkit.config import parse_set
-    mode = "test" if args.test else "benchmark" if args.benchmark else "train"
+    # no flag: train, or continue a --resume run in the mode it was started in
+    mode = "test" if args.test else "benchmark" if args.benchmark else None
     top = {k: v for k, v in {"seed": args.seed, "device": args.device, "logger": args.logger,
                              "load": args.load, "render": args.render or None,
                              "imports": args.imports or None}.items() if v is not None}

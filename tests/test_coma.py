@@ -5,7 +5,8 @@ import pytest
 import torch
 
 import marlkit
-from marlkit.agents.base import CheckpointMismatchError
+from marlkit.agents.base import Bootstrap, CheckpointMismatchError
+from marlkit.buffers import Transition
 from marlkit.agents.coma import COMA, counterfactual_advantage, td_lambda_targets
 from marlkit.api import build_config
 from marlkit.config import ConfigError
@@ -293,3 +294,68 @@ def test_settings_that_cannot_work_fail_before_any_env(overrides, message):
     with pytest.raises(ConfigError) as err:
         build_config("COMA", "mpe_spread", **overrides)
     assert message in str(err.value)
+
+
+# ---------------------------------------------------------------------- truncation and the target critic
+
+
+class _Recording(COMA):
+    """COMA that keeps the joint actions it picks to value the bootstrap and the truncation finals."""
+
+    def joint_actions(self, obs, state, agent_mask, action_mask, hidden):
+        joint = super().joint_actions(obs, state, agent_mask, action_mask, hidden)
+        self.picked.append(joint)
+        return joint
+
+
+def test_truncated_episodes_are_valued_at_legal_joint_actions():
+    """At a truncation the joint action that values the final observation is drawn among the actions
+    legal there (the env's own mask for that observation), so no illegal action enters Q."""
+    cfg = build_config("COMA", "mpe_spread")
+    cfg.env = PettingZooEnv.config_cls(factory="toy_envs:masked_choice", kwargs={"length": 5})
+    cfg.runner.parallels = 4
+    venv = make_env_vector(cfg.env, cfg.runner)
+    agent = _Recording(venv.spec.groups["agents"], venv.spec.state_shape, cfg.agents["COMA"], 4, 10, seed=5)
+    agent.picked = []
+    finals = []
+    try:
+        obs = venv.reset(seed=1)
+        for _ in range(10):
+            out = agent.act(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"], None)
+            res = venv.step({"agents": out.actions})
+            agent.store(Transition(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
+                                   out.actions, out.log_prob, out.value, res.reward["agents"],
+                                   res.terminated["agents"], res.truncated["agents"], res.episode_end,
+                                   res.final.obs["agents"], res.final.state,
+                                   final_action_mask=res.final.action_mask["agents"]))
+            finals += [res.final.action_mask["agents"][e] for e in np.flatnonzero(res.episode_end)]
+            obs = res.next
+        agent.update(Bootstrap(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
+                               None))
+    finally:
+        venv.close()
+    assert len(finals) == 8                                  # two 5-step episodes in each of 4 envs
+    _, joint = agent.picked                                  # the bootstrap's, then the finals'
+    legal = np.stack(finals)                                 # [8, 3, 6], every other action legal
+    assert legal.sum() == 8 * 3 * 3
+    assert np.take_along_axis(legal, joint[..., None], -1).all()
+
+
+def test_the_target_critic_keeps_the_scale_it_was_trained_under():
+    """The target critic's normalised outputs are de-normalised with the statistics of its last
+    sync, so a later update of the value normaliser does not move its real-scale Q."""
+    make, venv = _scripted(2, 10, **{"agents.COMA.target_update_interval": 1})
+    agent = make()
+    try:
+        transitions, bootstrap = _rollout(agent, venv, 10, seed=1)
+    finally:
+        venv.close()
+    for tr in transitions:
+        agent.store(tr)
+    agent.update(bootstrap)                                   # trains, then syncs the target critic
+    buf = agent.buffer
+    args = [x.reshape(20, *x.shape[2:]) for x in (buf.state, buf.obs, buf.actions, buf.agent_mask)]
+    before = agent._target_q_taken(*args)
+    agent.value_norm.update(torch.full((50,), 1000.0))        # the next rollout's returns move the normaliser
+    torch.testing.assert_close(torch.from_numpy(agent._target_q_taken(*args)), torch.from_numpy(before))
+    assert not torch.equal(agent.value_norm.mean, agent.modules["target_value_norm"].mean)

@@ -418,3 +418,24 @@ def test_a_failed_match_restarts_when_asked_and_counts_it(caplog):
         assert infos["player_1"]["restarts"] == 1 and env.step({a: 0 for a in env.agents})[0]
     finally:
         env.close()
+
+
+def test_a_doom_benchmark_reports_the_random_policy_with_its_kills(tmp_path, capsys):
+    """A short real doom_coop benchmark: the random policy is evaluated once with the same protocol,
+    with the env's statistics (kills), and stands in benchmark.json and the summary table."""
+    import json
+
+    import marlkit
+    result = marlkit.run(agent="MAPPO", env="doom_coop", mode="benchmark", seed=1, logger="none", **{
+        **{f"env.{k}": v for k, v in SHORT.items()}, "env.resize": [30, 40], "env.frame_stack": 1,
+        "runner.parallels": 1, "runner.vectorize": "sync", "runner.horizon": 8, "runner.total_steps": 8,
+        "runner.eval_interval": 8, "runner.eval_episodes": 2, "runner.eval_parallels": 1,
+        "runner.progress": False, "runner.run_root": str(tmp_path)})
+    report = json.loads((result.run_dir / "benchmark.json").read_text())
+    baseline = report["baseline"]
+    assert set(baseline["mean"]) == set(baseline["std"]) == set(report["final"]["mean"])
+    assert {"kills", "deaths"} <= set(baseline["env"]) and baseline["env"]["kills"] >= 0
+    assert baseline == result.baseline
+    out = capsys.readouterr().out
+    assert "random" in next(line for line in out.splitlines() if "eval return of group" in line)
+    assert (result.run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

@@ -133,3 +133,32 @@ def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, battle_yaml):
     for key, value in full.metrics.items():
         if not key.startswith("perf/"):
             assert resumed.metrics[key] == value, key
+
+
+def test_resume_after_the_load_file_has_gone(tiny):
+    """A run started from --load keeps its weights in its own latest.pt: deleting the file it began
+    from does not stop it from being continued, and the continuation is the run's own."""
+    first = _run(tiny, **{"runner.total_steps": 100})
+    start = Path(tiny["runner.run_root"]) / "start.pt"
+    start.write_bytes((first.run_dir / "latest.pt").read_bytes())
+    half = _run(tiny, load=str(start), **{"runner.total_steps": 100, "runner.save_interval": 100})
+    full = _run(tiny, load=str(start), **{"runner.total_steps": 200})
+    start.unlink()
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 200})
+    assert resumed.steps == 200
+    a = torch.load(full.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    b = torch.load(half.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_resume_in_train_mode_turns_a_benchmark_into_training(tiny):
+    settings = {**tiny, "runner.total_steps": 40, "runner.save_interval": 40, "runner.eval_interval": 20}
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2, **settings)
+    report = (half.run_dir / "benchmark.json").read_text()
+    resumed = marlkit.run(mode="train", resume=str(half.run_dir), **{"runner.total_steps": 80})
+    assert resumed.mode == "train" and resumed.steps == 80
+    assert [e["step"] for e in resumed.evaluations] == [0, 20, 40]          # no evaluation after the switch
+    assert (half.run_dir / "benchmark.json").read_text() == report
+    with pytest.raises(ConfigError, match="--resume .* continues training; to test the run pass --test --load"):
+        marlkit.run(mode="test", resume=str(half.run_dir), **{"runner.total_steps": 120})

@@ -287,3 +287,71 @@ def child_process(**kwargs):
 def not_parallel(**kwargs):
     """A factory that returns something that is not a ParallelEnv."""
     return {"hello": "world"}
+
+
+# -- an env of per-agent episodes (registered as env type ``fields``) -------------------------------
+
+from dataclasses import dataclass, field  # noqa: E402
+
+from marlkit.config import EnvConfig  # noqa: E402
+from marlkit.envs.core import MultiAgentEnv, Observation  # noqa: E402
+from marlkit.registry import register_env  # noqa: E402
+from marlkit.spec import EnvSpec, GroupSpec  # noqa: E402
+
+
+@dataclass
+class FieldsConfig(EnvConfig):
+    type: str = "fields"
+    lengths: list = field(default_factory=lambda: [3, 5, 7])   # each agent's episode length
+    length: int = 40                                           # the env's episode (truncated there)
+
+
+@register_env("fields")
+class FieldsEnv(MultiAgentEnv):
+    """Agents on fields of their own, as in a Unity scene with several fields: agent i's episode
+    ends (terminated) every ``lengths[i]`` of its steps and it starts the next one at once, while the
+    env goes on; the env's episode is truncated after ``length`` steps. Reward 1 for action 0 in the
+    first step of an episode, else action 1 in later steps, so a policy needs to know where its episode
+    began; observations are noise."""
+
+    config_cls = FieldsConfig
+    exact_resume = True
+
+    @classmethod
+    def from_config(cls, cfg: FieldsConfig, render: bool = False, index: int = 0) -> "FieldsEnv":
+        return cls(list(cfg.lengths), cfg.length)
+
+    def __init__(self, lengths, length):
+        self.lengths, self.length = np.array(lengths), length
+        names = [f"agent_{i}" for i in range(len(lengths))]
+        group = GroupSpec("agents", names, spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3))
+        self.spec = EnvSpec({"agents": group}, (4 * len(names),))
+        self.rng = np.random.default_rng(0)
+
+    def _observation(self) -> Observation:
+        obs = self.rng.uniform(-1, 1, (len(self.lengths), 4)).astype(np.float32)
+        n = len(self.lengths)
+        return Observation({"agents": obs}, obs.reshape(-1), {"agents": np.ones(n, bool)},
+                           {"agents": np.ones((n, 3), bool)})
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t, self.age = 0, np.zeros(len(self.lengths), int)
+        return self._observation()
+
+    def step(self, actions):
+        action = actions["agents"]
+        reward = np.where(self.age == 0, action == 0, action == 1).astype(np.float32)
+        self.t += 1
+        self.age += 1
+        over = self.t >= self.length
+        terminated = (self.age >= self.lengths) & ~over
+        truncated = np.full(len(self.lengths), over)
+        final = self._observation()
+        if over or not terminated.any():
+            return final, {"agents": reward}, {"agents": terminated}, {"agents": truncated}, over
+        self.age[terminated] = 0
+        ob = self._observation()
+        ob.final = final
+        return ob, {"agents": reward}, {"agents": terminated}, {"agents": truncated}, False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +111,17 @@ class Agent:
     def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
         raise NotImplementedError
 
+    @contextmanager
+    def own_generators(self, seed: int):
+        """Acting inside draws from generators seeded with ``seed``, and the agent's own generators
+        are left as they were: evaluation episodes cannot change what training draws."""
+        kept = self.rng
+        self.rng = np.random.default_rng(seed)
+        try:
+            yield
+        finally:
+            self.rng = kept
+
     def store(self, step: Transition) -> None:
         """Keep one transition; agents that do not learn ignore it."""
 
@@ -197,7 +209,7 @@ class OnPolicyAgent(Agent):
                                     self.state_shape if self.uses_state else None, action_shape,
                                     action_dtype, group.n_actions,
                                     (2, self.hidden_size) if self.recurrent else None, self.state_dtype)
-        self._episode_start = np.ones(num_envs, bool)
+        self._episode_start = np.ones((num_envs, group.n_agents), bool)
 
     @classmethod
     def memory_estimate(cls, group, state_shape, cfg, num_envs, horizon, state_dtype=np.float32, key=""):
@@ -265,6 +277,16 @@ class OnPolicyAgent(Agent):
 
     def after_update(self, progress: Progress | None) -> None:
         """Runs once after every ``update``'s gradient steps (e.g. a target-network sync)."""
+
+    @contextmanager
+    def own_generators(self, seed: int):
+        kept = self.generator
+        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
+        try:
+            with super().own_generators(seed):
+                yield
+        finally:
+            self.generator = kept
 
     @property
     def critic_acts_online(self) -> bool:
@@ -364,7 +386,7 @@ class OnPolicyAgent(Agent):
         arrays (advantages, returns, ...) and the episode starts."""
         buf = self.buffer
         episode_start = buf.episode_start(self._episode_start)
-        self._episode_start = buf.episode_end[-1].copy()
+        self._episode_start = buf.ends()[-1]
         last_value, truncation_value = self.estimate_values(bootstrap)
         targets = self.targets(bootstrap, last_value, truncation_value)
         targets["advantages"] = self.normalize_advantages(targets["advantages"])
@@ -377,20 +399,22 @@ class OnPolicyAgent(Agent):
 
     def finals(self) -> dict[str, np.ndarray] | None:
         """The rollout's truncation finals stacked as ``[N, ...]`` arrays (``t``, ``e``, ``obs``,
-        ``state``, ``agent_mask``: the slots present at that step, ``hidden``), or None if there are none."""
+        ``state``, ``agent_mask``: the slots present at that step, ``hidden``, ``action_mask``: the
+        actions allowed at the final observation), or None if there are none."""
         buf = self.buffer
         if not buf.finals:
             return None
-        ts, es, fobs, fstate, fhidden = zip(*buf.finals)
+        ts, es, fobs, fstate, fhidden, fmask = zip(*buf.finals)
         ts, es = np.array(ts), np.array(es)
         return {"t": ts, "e": es, "obs": np.stack(fobs), "state": np.stack(fstate),
-                "agent_mask": buf.agent_mask[ts, es], "hidden": np.stack(fhidden) if self.recurrent else None}
+                "agent_mask": buf.agent_mask[ts, es], "hidden": np.stack(fhidden) if self.recurrent else None,
+                "action_mask": np.stack(fmask)}
 
     @torch.no_grad()
     def joint_actions(self, obs, state, agent_mask, action_mask, hidden) -> np.ndarray:
         """The joint actions ``[N, A, ...]`` the current policy picks at ``N`` observations (e.g. the
-        bootstrap step or truncation finals, where a Q-critic needs Q(s, u)); ``action_mask`` None
-        allows every action (the env hands no mask with a final observation)."""
+        bootstrap step or truncation finals, where a Q-critic needs Q(s, u)), among the actions
+        ``action_mask`` allows (None: every action)."""
         h_actor = self.split_hidden(self.tensor(hidden))[0] if hidden is not None else None
         m = None
         if self.group.n_actions:
@@ -497,4 +521,6 @@ class OnPolicyAgent(Agent):
         if not weights_only:
             self.optimizer.load_state_dict(state["optimizer"])
             self.generator.set_state(state["generator"])
-            self._episode_start = state["episode_start"].copy()
+            # [E] in checkpoints from before per-agent episode starts
+            start = state["episode_start"]
+            self._episode_start = np.broadcast_to(start.reshape(len(start), -1), self._episode_start.shape).copy()

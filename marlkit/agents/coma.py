@@ -96,6 +96,10 @@ class COMA(MAPPO):
         self.check_group(group)
         super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
                          state_from_obs)
+        if self.value_norm is not None:
+            # the target critic's outputs are on the scale of the statistics it was trained under;
+            # the live normaliser moves on with every update
+            self.modules["target_value_norm"] = copy.deepcopy(self.value_norm)
         self.updates = 0
 
     @classmethod
@@ -162,8 +166,9 @@ class COMA(MAPPO):
 
     def _target_q_taken(self, state, obs, actions, present) -> np.ndarray:
         """Real-scale target-critic Q ``[N, A]`` of the joint actions ``actions [N, A]``."""
-        q = self.q_values("target_critic", state, obs, actions, present)
-        return self._denormalize(taken(q, self.tensor(actions), self.tensor(present))).cpu().numpy()
+        q = taken(self.q_values("target_critic", state, obs, actions, present), self.tensor(actions),
+                  self.tensor(present))
+        return (self.modules["target_value_norm"].denormalize(q) if self.value_norm is not None else q).cpu().numpy()
 
     def estimate_values(self, bootstrap):
         """``buffer.value`` := target Q(s_t, u_t) of the stored joint actions; the bootstrap and the
@@ -181,7 +186,8 @@ class COMA(MAPPO):
         truncation_value = np.zeros_like(buf.value)
         finals = self.finals()
         if finals is not None:
-            joint = self.joint_actions(finals["obs"], finals["state"], finals["agent_mask"], None, finals["hidden"])
+            joint = self.joint_actions(finals["obs"], finals["state"], finals["agent_mask"], finals["action_mask"],
+                                       finals["hidden"])
             truncation_value[finals["t"], finals["e"]] = self._target_q_taken(finals["state"], finals["obs"], joint,
                                                                               finals["agent_mask"])
         return last_value, truncation_value
@@ -229,6 +235,8 @@ class COMA(MAPPO):
         self.updates += 1
         if self.updates % self.cfg.target_update_interval == 0:
             self.modules["target_critic"].load_state_dict(self.modules["critic"].state_dict())
+            if self.value_norm is not None:
+                self.modules["target_value_norm"].load_state_dict(self.value_norm.state_dict())
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -236,6 +244,11 @@ class COMA(MAPPO):
         return {**super().state_dict(), "updates": self.updates}
 
     def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        modules = state["modules"]
+        if self.value_norm is not None and "target_value_norm.mean" not in modules:
+            # checkpoints from before the target critic kept its own statistics
+            state = {**state, "modules": {**modules, **{f"target_{k}": v for k, v in modules.items()
+                                                        if k.startswith("value_norm.")}}}
         super().load_state_dict(state, weights_only)
         if not weights_only:
             self.updates = state["updates"]

@@ -121,7 +121,7 @@ class MAPPO(OnPolicyAgent):
         if ids and self._id_at_input(shape):
             x = torch.cat([x.float(), self._ids(L, B, x.device)], -1)
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
-        starts = episode_start.repeat_interleave(A, 1) if episode_start is not None else None
+        starts = episode_start.reshape(L, B * A) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
         features = features.reshape(L, B, A, -1)
         if ids and self._id_width_after(shape):
@@ -137,19 +137,24 @@ class MAPPO(OnPolicyAgent):
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
         """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic on
-        ``[state, one-hot id]`` computes its first layer once for all ids); a recurrent critic
-        keeps one hidden state per env, stored in every agent slot of ``hidden [B, A, H]``. A
-        pooled critic encodes ``obs [L, B, A, ...]`` per agent and pools over ``agent_mask``."""
+        ``[state, one-hot id]`` computes its first layer once for all ids). A recurrent critic keeps
+        one memory per agent, ``hidden [B, A, H]``, all reading the same state: an agent's value is
+        of its own episode, so its memory resets where that episode starts (``episode_start``
+        ``[L, B, A]``), as the actor's does, also when the other agents' episodes go on. A pooled
+        critic encodes ``obs [L, B, A, ...]`` per agent and pools over ``agent_mask``."""
         encoder, head = self.modules["critic"], self.modules["critic_head"]
         if self.pooled_critic:
             features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False)
             return head(features, agent_mask), hidden
-        h = hidden[:, 0] if hidden is not None and encoder.is_recurrent else None
+        if encoder.is_recurrent:
+            L, B, A = state.shape[0], state.shape[1], self.n_agents
+            h = hidden.reshape(B * A, -1) if hidden is not None else None
+            starts = episode_start.reshape(L, B * A) if episode_start is not None else None
+            features, h = encoder(state, h, starts, copies=A)     # [L, B, A, F]
+            return head(features), h.reshape(B, A, -1)
         ids = {"n_ids": self.n_agents} if head.ids_in_encoder else {}
-        features, h = encoder(state, h, episode_start, **ids)
-        if h is not None:
-            h = h.unsqueeze(1).expand(-1, self.n_agents, -1)
-        return head(features), h
+        features, _ = encoder(state, None, episode_start, **ids)
+        return head(features), None
 
     # ------------------------------------------------------------------ loss
 

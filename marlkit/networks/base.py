@@ -2,7 +2,9 @@
 
 Encoders map inputs ``[L, B, *input_shape]`` (L = time steps of a training chunk, 1 when acting)
 to features ``[L, B, out_dim]``. Recurrent encoders also take and return a hidden state
-``[B, hidden_size]`` and reset it where ``episode_start`` ``[L, B]`` is True.
+``[B, hidden_size]`` and reset it where ``episode_start`` ``[L, B]`` is True; with ``copies=n`` one
+input is read by ``n`` memories (one per agent of a critic on the global state): hidden
+``[B * n, hidden_size]``, ``episode_start`` ``[L, B * n]``, features ``[L, B, n, out_dim]``.
 
 An encoder with ``takes_ids``, built for flat inputs with an ``n``-way one-hot id appended,
 can be given the input alone and ``n_ids=n``: it returns features ``[L, B, n, out_dim]``, those

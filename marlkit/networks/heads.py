@@ -37,10 +37,13 @@ class SharedValueHead(nn.Module):
         self.out = init_linear(nn.Linear(in_dim, 1), gain=1.0)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """``[L, B, A, F]`` (``ids_in_encoder``) or ``[L, B, F]`` -> ``[L, B, A]``."""
-        if self.ids_in_encoder:
-            return self.out(features).squeeze(-1)
-        if self.use_agent_id:
-            hidden = self.act(self.proj(features).unsqueeze(-2) + self.agent_bias)   # [L, B, A, F]
+        """``[L, B, F]``, or ``[L, B, A, F]`` (per agent: ``ids_in_encoder``, or a recurrent encoder
+        with one memory per agent) -> ``[L, B, A]``."""
+        per_agent = features.dim() == 4
+        if self.use_agent_id and not self.ids_in_encoder:
+            projected = self.proj(features)
+            hidden = self.act((projected if per_agent else projected.unsqueeze(-2)) + self.agent_bias)
             return self.out(hidden).squeeze(-1)
+        if per_agent:
+            return self.out(features).squeeze(-1)
         return self.out(features).expand(*features.shape[:-1], self.n_agents)

@@ -50,13 +50,18 @@ class GRU(Encoder):
         self.norm = nn.LayerNorm(cfg.rnn_hidden) if cfg.layer_norm else nn.Identity()
         self.hidden_size = self.out_dim = cfg.rnn_hidden
 
-    def forward(self, x, hidden=None, episode_start=None):
+    def forward(self, x, hidden=None, episode_start=None, copies: int = 0):
+        """``copies=n``: the input ``[L, B, ...]`` is read by ``n`` memories each (hidden ``[B * n, H]``,
+        ``episode_start`` ``[L, B * n]``), encoded once -> features ``[L, B, n, H]``."""
         length, batch = x.shape[:2]
         if self.flat:
             z = self.mlp(as_float(x.reshape(length * batch, -1)))
         else:
             z = self.encoder.encode(x.reshape(length * batch, *x.shape[2:]))
         z = z.reshape(length, batch, -1)
+        if copies:
+            z = z.unsqueeze(2).expand(-1, -1, copies, -1).reshape(length, batch * copies, -1)
+            batch *= copies
         h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
         outputs = []
         for t in range(length):
@@ -65,4 +70,5 @@ class GRU(Encoder):
             out, h_seq = self.gru(z[t:t + 1], h.unsqueeze(0).contiguous())
             h = h_seq.squeeze(0)
             outputs.append(out)
-        return self.norm(torch.cat(outputs, 0)), h
+        features = self.norm(torch.cat(outputs, 0))
+        return (features.reshape(length, -1, copies, self.hidden_size) if copies else features), h

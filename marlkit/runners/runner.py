@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from collections import deque
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -46,6 +47,7 @@ class RunResult:
     metrics: dict[str, float] = field(default_factory=dict)
     episode_returns: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
+    baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
 
 
 class _EvaluationStopped(Exception):
@@ -94,7 +96,7 @@ class Runner:
             raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
         if cfg.mode == "test" and not cfg.load:
             raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")
-        if cfg.load:
+        if cfg.load and not cfg.resume:   # a resumed run takes every group's weights from its latest.pt
             if not Path(cfg.load).is_file():
                 raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
             load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
@@ -142,13 +144,16 @@ class Runner:
                 get_agent(name).check_group(spec.groups[g])
 
     def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
-        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``."""
+        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``, except
+        on resume: the run's latest.pt holds every group's weights, and the files it began from may
+        have moved since."""
         names = self._group_agent_names(spec.groups)
         check_fits({g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
                                                            self.cfg.runner.horizon, spec.state_dtype,
                                                            key=f"agents.{names[g]}")
                     for g, gs in spec.groups.items()})
-        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load else None
+        loads = not self.cfg.resume
+        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load and loads else None
         agents = {}
         for i, (g, gs) in enumerate(spec.groups.items()):
             cls = get_agent(names[g])
@@ -157,7 +162,7 @@ class Runner:
                             state_channels_last=spec.state_channels_last, state_from_obs=spec.state_from_obs)
             group_cfg = self.cfg.groups.get(g)
             ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
-                if group_cfg is not None and group_cfg.load else run_ckpt
+                if loads and group_cfg is not None and group_cfg.load else run_ckpt
             if ckpt is not None:
                 _load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
         return agents
@@ -175,9 +180,9 @@ class Runner:
 
     # ------------------------------------------------------------------ acting
 
-    def _act(self, obs: Observation, hidden: dict, explore: bool) -> dict:
+    def _act(self, obs: Observation, hidden: dict, explore: bool, agents: dict | None = None) -> dict:
         return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
-                for g, agent in self.agents.items()}
+                for g, agent in (agents or self.agents).items()}
 
     @staticmethod
     def _advance_hidden(outs: dict, episode_end: np.ndarray, agent_end: dict) -> dict:
@@ -195,10 +200,12 @@ class Runner:
         return hidden
 
     def run_episodes(self, venv, n_episodes: int, explore: bool, seed: int, on_frame=None,
-                     stop=None) -> list[dict]:
+                     stop=None, agents: dict | None = None) -> list[dict]:
         """Play exactly ``n_episodes`` (split evenly over the envs, so short episodes are not
         over-sampled) and return their per-group returns. ``on_frame(k)`` is called after every
-        step with the number of episodes env 0 has finished; a truthy ``stop`` (a stop request) aborts."""
+        step with the number of episodes env 0 has finished; a truthy ``stop`` (a stop request) aborts.
+        ``agents``: who plays (the run's own by default)."""
+        agents = agents or self.agents
         quota = np.full(venv.num_envs, n_episodes // venv.num_envs)
         quota[: n_episodes % venv.num_envs] += 1
         done = np.zeros(venv.num_envs, int)
@@ -206,14 +213,14 @@ class Runner:
         obs = venv.reset(seed=seed)
         if on_frame is not None:
             on_frame(0)
-        hidden = {g: a.initial_hidden(venv.num_envs) for g, a in self.agents.items()}
+        hidden = {g: a.initial_hidden(venv.num_envs) for g, a in agents.items()}
         limit = self.cfg.runner.episode_step_limit * int(quota.max())
         for _ in range(limit):
             if (done >= quota).all():
                 break
             if stop:
                 raise _EvaluationStopped()
-            outs = self._act(obs, hidden, explore)
+            outs = self._act(obs, hidden, explore, agents)
             res = venv.step({g: out.actions for g, out in outs.items()})
             for e, info in enumerate(res.infos):
                 if "episode" in info and done[e] < quota[e]:
@@ -311,7 +318,7 @@ class Runner:
         return {"steps": 0, "updates": 0, "obs": obs,
                 "hidden": {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()},
                 "recent": deque(maxlen=100), "recent_stats": deque(maxlen=100), "episodes": 0, "best": None,
-                "evaluations": [],
+                "evaluations": [], "baseline": None,
                 "next_eval": 0, "next_save": self.cfg.runner.save_interval, "next_log": 0}
 
     def _resume_state(self, path: Path) -> dict:
@@ -374,7 +381,8 @@ class Runner:
                 self.agents[g].store(Transition(
                     obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
                     out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
-                    res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras))
+                    res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
+                    agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
             for info in res.infos:
                 if "episode" in info:
                     state["recent"].append(info["episode"]["return"])
@@ -473,11 +481,18 @@ class Runner:
         return float(np.mean([row["mean"][g] for g in self.agents if self._learning(g)] or
                              list(row["mean"].values())))
 
-    def _evaluate(self, state: dict, eval_venv, result: RunResult, stop=None) -> None:
-        rc = self.cfg.runner
-        episodes = self.run_episodes(eval_venv, rc.eval_episodes, explore=not rc.eval_deterministic,
-                                     seed=self.cfg.seed * 10_000 + 777, stop=stop)
-        row = {"step": state["steps"], "mean": {}, "std": {}}
+    def _evaluation_row(self, eval_venv, agents: dict, stop=None) -> dict:
+        """The evaluation protocol: ``runner.eval_episodes`` episodes of ``agents`` on the evaluation
+        envs, from the same env seed every time, drawing from generators of their own (so training
+        draws the same numbers whether and however often it is evaluated) -> the mean and std of
+        each group's return, the env's episode statistics (``env``) and the ``score``."""
+        rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
+        with ExitStack() as own:
+            for i, agent in enumerate(agents.values()):
+                own.enter_context(agent.own_generators(seed * 1000 + i))
+            episodes = self.run_episodes(eval_venv, rc.eval_episodes, explore=not rc.eval_deterministic,
+                                         seed=seed, stop=stop, agents=agents)
+        row = {"mean": {}, "std": {}}
         for g in self.agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
             row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
@@ -485,6 +500,22 @@ class Runner:
         if stats:
             row["env"] = stats
         row["score"] = self._score(row)
+        return row
+
+    def _random_policy(self, spec, num_envs: int) -> dict[str, Agent]:
+        cls = get_agent("random")
+        return {g: cls(gs, spec.state_shape, cls.config_cls(), num_envs, self.cfg.runner.horizon)
+                for g, gs in spec.groups.items()}
+
+    def _evaluate(self, state: dict, eval_venv, result: RunResult, stop=None) -> None:
+        rc = self.cfg.runner
+        if state.get("baseline") is None:   # once per run: a resumed run has it in its checkpoint
+            state["baseline"] = self._evaluation_row(eval_venv, self._random_policy(eval_venv.spec, eval_venv.num_envs),
+                                                     stop)
+            self.logger.log({f"baseline/{g}/return": v for g, v in state["baseline"]["mean"].items()}, state["steps"])
+        result.baseline = state["baseline"]
+        row = {"step": state["steps"], **self._evaluation_row(eval_venv, self.agents, stop)}
+        stats = row.get("env", {})
         state["evaluations"].append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
                          **{f"eval/env/{k}": v for k, v in stats.items()}}, state["steps"])

@@ -1,0 +1,58 @@
+"""Evaluation cannot change training, and every benchmark measures the random policy beside the
+trained one."""
+import json
+
+import pytest
+
+import marlkit
+
+
+def _metrics(run) -> dict:
+    return {k: v for k, v in run.metrics.items() if not k.startswith("perf/")}
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
+def test_the_same_seed_trains_the_same_in_train_and_benchmark_mode(tiny, agent):
+    settings = {**tiny, "runner.total_steps": 200, "runner.eval_episodes": 3}
+    train = marlkit.run(agent=agent, env="mpe_spread", mode="train", seed=5, **settings)
+    often = marlkit.run(agent=agent, env="mpe_spread", mode="benchmark", seed=5, **settings)
+    rarely = marlkit.run(agent=agent, env="mpe_spread", mode="benchmark", seed=5,
+                         **{**settings, "runner.eval_interval": 100})
+    assert len(often.evaluations) == 11 and len(rarely.evaluations) == 3
+    assert _metrics(train) == _metrics(often) == _metrics(rarely)
+    assert train.episode_returns == often.episode_returns == rarely.episode_returns
+    # and evaluation itself is the same protocol every time: same env seed, same generators
+    assert often.evaluations[0]["mean"] == rarely.evaluations[0]["mean"]
+
+
+def test_a_benchmark_reports_the_random_policy_beside_the_trained_one(tiny, capsys):
+    run = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2,
+                      **{**tiny, "runner.eval_episodes": 4})
+    report = json.loads((run.run_dir / "benchmark.json").read_text())
+    baseline = report["baseline"]
+    assert set(baseline["mean"]) == set(baseline["std"]) == {"agents"}
+    assert set(baseline) >= set(report["evaluations"][0]) - {"step"}
+    # mpe_spread: the random policy's return is a sum of negative distances over 25 steps
+    assert -200 < baseline["mean"]["agents"] < -5 and baseline["std"]["agents"] > 0
+    assert baseline["mean"] != report["evaluations"][0]["mean"]
+    out = capsys.readouterr().out
+    header = next(line for line in out.splitlines() if "eval return of group" in line)
+    assert header.split()[-4:] == ["random", "final", "at", "best.pt"]
+    row = next(line for line in out.splitlines() if line.strip().startswith("agents "))
+    assert float(row.split()[1]) == pytest.approx(baseline["mean"]["agents"], abs=1e-3)
+    # the same baseline for the same env and seed, whatever the agent learnt
+    again = marlkit.run(agent="IPPO", env="mpe_spread", mode="benchmark", seed=2,
+                        **{**tiny, "runner.eval_episodes": 4})
+    assert again.baseline == baseline
+
+
+def test_a_resumed_benchmark_keeps_its_baseline(tiny, monkeypatch):
+    settings = {**tiny, "runner.total_steps": 40, "runner.save_interval": 40}
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2, **settings)
+    from marlkit.runners.runner import Runner
+    calls = []
+    real = Runner._random_policy
+    monkeypatch.setattr(Runner, "_random_policy", lambda self, *a: (calls.append(1), real(self, *a))[1])
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 80})
+    assert calls == [] and resumed.baseline == half.baseline
+    assert json.loads((half.run_dir / "benchmark.json").read_text())["baseline"] == half.baseline
