@@ -104,9 +104,11 @@ def test_runs_log_the_envs_episode_stats_and_keep_them_in_each_evaluation(tiny, 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     path = env_yaml("toy_envs:stats", {"length": 5})
     result = marlkit.run(agent="MAPPO", env=path, mode="benchmark", seed=1, **{**tiny, "logger": "tensorboard"})
-    # each evaluation: one 5-step episode per eval env, the envs' k-th episode at the k-th evaluation
+    # each evaluation: one 5-step episode per eval env. The random baseline plays the eval envs'
+    # first episode, so the k-th evaluation sees their (k + 1)-th
     evaluations = result.evaluations
-    assert [row["env"]["episode"] for row in evaluations] == [float(k + 1) for k in range(len(evaluations))]
+    assert result.baseline["env"]["episode"] == 1.0
+    assert [row["env"]["episode"] for row in evaluations] == [float(k + 2) for k in range(len(evaluations))]
     assert all(0 <= row["env"]["agent_0_actions"] <= 2 * 5 for row in result.evaluations)
     events = EventAccumulator(str(result.run_dir))
     events.Reload()
