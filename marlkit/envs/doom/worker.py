@@ -153,16 +153,19 @@ class _Player:
         return self.screen, self.variables, finished, finished and self.game.is_episode_timeout_reached()
 
     def step(self, buttons: list, tics: int) -> tuple:
-        """Play ``tics`` tics of ``buttons``. Only the last chunk updates the state: the engine
-        renders a screen and copies the state out for every state update, and the chunks before it
-        need neither."""
+        """Play ``tics`` tics of ``buttons``. Every chunk updates the state, though only the last
+        one's screen is used: the engine writes kills, damage, hits and the USER variables out only
+        on an updating tic, and once the level has ended no tic is possible any more, so a level
+        that ends inside a chunk played without an update loses its last kill (measured on
+        basic.cfg: in about half of the episodes that its one kill ends). Playing the first chunk
+        without an update was 6% faster on random actions."""
         self.game.set_action(buttons)
         for done_tics in range(0, tics, TICS_PER_BARRIER):
             if done_tics:
                 self.barrier.wait(self.s.barrier_timeout)
             if not self.game.is_episode_finished():
                 chunk = min(TICS_PER_BARRIER, tics - done_tics)
-                self.game.advance_action(chunk, done_tics + chunk >= tics)
+                self.game.advance_action(chunk)
         return self.observe()
 
     def reset(self, seed: int | None) -> tuple:
