@@ -1,6 +1,7 @@
 """On-policy rollout storage ``[T, E, A, ...]`` (time, env, agent), GAE and minibatches."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -71,6 +72,18 @@ class RolloutBuffer:
         self.finals: list[tuple] = []
         self.has_values = False
         self.step = 0
+
+    def empty_like(self) -> "RolloutBuffer":
+        """A second buffer of the same shapes and dtypes, empty (overlapped collection fills one while
+        the other is trained on)."""
+        twin = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                setattr(twin, name, np.zeros_like(value))
+        twin.action_mask = np.ones_like(self.action_mask)
+        twin.extras = {k: np.zeros_like(v) for k, v in self.extras.items()}
+        twin.reset()
+        return twin
 
     @property
     def full(self) -> bool:

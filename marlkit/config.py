@@ -115,6 +115,26 @@ class RunnerConfig:
     # groups (right for cooperative groups; name one group in competitive envs).
     best_metric: Optional[str] = None
 
+    # collect the next rollout while the update runs (policy lag 1); null: on where the envs step
+    # in worker processes (vectorize subprocess or ray, or auto with two envs or more)
+    overlap: Optional[bool] = None
+
+    def envs_in_workers(self) -> bool:
+        """Whether the training envs step outside this process."""
+        return self.vectorize in ("subprocess", "ray") or (self.vectorize == "auto" and self.parallels > 1)
+
+    def overlapped(self) -> bool:
+        """Whether collection overlaps the update (``overlap``, null resolved)."""
+        return self.envs_in_workers() if self.overlap is None else self.overlap
+
+    def check(self) -> None:
+        if self.overlap and not self.envs_in_workers():
+            raise ConfigError(
+                f"runner.overlap: true needs envs that step in worker processes, but runner.vectorize: "
+                f"{self.vectorize} with runner.parallels: {self.parallels} steps them in this process, where they "
+                "and the update take turns for the interpreter lock and nothing overlaps; set runner.vectorize: "
+                "subprocess (or ray), or runner.overlap: false")
+
     def test_envs(self, render: bool) -> int:
         """Envs of ``--test``: one when recording (a video follows env 0), else up to one per episode."""
         return 1 if render else min(self.eval_parallels, self.test_episodes)
@@ -431,6 +451,7 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
     if not isinstance(agents_section, dict):
         raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
     cfg = build(RunConfig, data)
+    cfg.runner.check()
     if cfg.render and cfg.mode != "test":
         raise ConfigError("--render records the test episodes of a checkpoint, one video each: use it with "
                           "--test --load CKPT (training and --benchmark record no video)")

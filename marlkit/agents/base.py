@@ -9,6 +9,7 @@ where it differs: ``sample`` (how ``act`` picks actions), ``estimate_values`` / 
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -129,6 +130,29 @@ class Agent:
         """Learn from the stored rollout; returns metrics to log."""
         return {}
 
+    # ------------------------------------------------------------------ overlapped collection
+
+    def behaviour(self) -> "Agent":
+        """The agent that acts and stores while this one updates (``runner.overlap``): for an agent
+        that learns, a twin acting on a snapshot of its weights, one update old (policy lag 1);
+        an agent that does not learn acts as itself."""
+        return self
+
+    def take_rollout(self, behaviour: "Agent") -> None:
+        """Make the rollout that ``behaviour`` has just stored this agent's, for ``update``; the
+        behaviour goes on storing into storage of its own."""
+
+    def sync_behaviour(self, behaviour: "Agent") -> None:
+        """Copy this agent's weights, after an update, into ``behaviour``."""
+
+    def behaviour_state(self, behaviour: "Agent") -> dict | None:
+        """What a checkpoint needs of ``behaviour`` besides this agent's own state: its generators and
+        the rollout it holds (an overlapped run saves with the next rollout collected)."""
+        return None
+
+    def load_behaviour_state(self, behaviour: "Agent", state: dict | None) -> None:
+        """The inverse of ``behaviour_state``, onto a fresh ``behaviour()``."""
+
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
@@ -191,8 +215,9 @@ class OnPolicyAgent(Agent):
                  state_dtype=np.float32, state_channels_last=None, state_from_obs=False):
         super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
                          state_from_obs)
-        self.generator = torch.Generator(device=self.device).manual_seed(int(seed))
-        torch.manual_seed(int(seed))  # weight initialisation draws from the global generator
+        self.seed = int(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        torch.manual_seed(self.seed)  # weight initialisation draws from the global generator
         self.modules = nn.ModuleDict(self.build())
         self.value_norm = ValueNorm() if cfg.value_norm else None
         if self.value_norm is not None:
@@ -334,6 +359,47 @@ class OnPolicyAgent(Agent):
 
     def store(self, step: Transition) -> None:
         self.buffer.add(step)
+
+    # ------------------------------------------------------------------ overlapped collection
+
+    BEHAVIOUR_SEED = 7_919   # offsets the behaviour's generators from the learner's
+
+    def behaviour(self) -> "OnPolicyAgent":
+        """A twin of this agent for acting while it updates: the same class and settings, weights
+        copied (``sync_behaviour`` refreshes them), generators of its own (so what acting draws
+        does not depend on how the two threads interleave) and a rollout buffer of its own. It has
+        no optimiser: it never learns."""
+        skip = {id(self.optimizer): None, id(self.buffer): None, id(self.generator): None}
+        twin = copy.deepcopy(self, skip)
+        twin.buffer = self.buffer.empty_like()
+        twin.generator = torch.Generator(device=self.device).manual_seed(self.seed + self.BEHAVIOUR_SEED)
+        twin.rng = np.random.default_rng(self.seed + self.BEHAVIOUR_SEED)
+        twin.modules.requires_grad_(False)
+        return twin
+
+    def take_rollout(self, behaviour: "OnPolicyAgent") -> None:
+        if behaviour is not self:
+            self.buffer, behaviour.buffer = behaviour.buffer, self.buffer
+            behaviour.buffer.reset()
+
+    def sync_behaviour(self, behaviour: "OnPolicyAgent") -> None:
+        if behaviour is not self:
+            behaviour.modules.load_state_dict(self.modules.state_dict())
+
+    def behaviour_state(self, behaviour: "OnPolicyAgent") -> dict | None:
+        if behaviour is self:
+            return None
+        return {"generator": behaviour.generator.get_state(), "rng": behaviour.rng.bit_generator.state,
+                "buffer": behaviour.buffer if behaviour.buffer.full else None}   # a rollout cut short is not kept
+
+    def load_behaviour_state(self, behaviour: "OnPolicyAgent", state: dict | None) -> None:
+        if state is None:
+            return
+        if behaviour is not self:   # resumed without overlap, the agent acts as itself from now on
+            behaviour.generator.set_state(state["generator"])
+            behaviour.rng.bit_generator.state = state["rng"]
+        if state["buffer"] is not None:
+            behaviour.buffer = state["buffer"]
 
     # ------------------------------------------------------------------ learning
 

@@ -23,18 +23,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from marlkit.agents.base import Agent, Bootstrap, Progress
+from marlkit.agents.base import Agent, Progress
 from marlkit.allocator import keep_freed_memory
-from marlkit.buffers import Transition
 from marlkit.config import RunConfig, save_config
-from marlkit.envs.core import Observation
 from marlkit.envs.factory import make_env_vector
-from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, RunInterrupted,
-                            TrainingDivergedError)
+from marlkit.errors import CheckpointMismatchError, ConfigError, RunInterrupted, TrainingDivergedError
 from marlkit.logger import Logger
 from marlkit.memory import check_fits
 from marlkit.registry import closest, get_agent, get_env_type
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
+from marlkit.runners.collector import Collector
+from marlkit.runners.evaluation import EvaluationStopped, mean_stats, run_episodes
+from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
 
@@ -48,17 +48,6 @@ class RunResult:
     episode_returns: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
-
-
-class _EvaluationStopped(Exception):
-    pass
-
-
-def mean_stats(episodes) -> dict[str, float]:
-    """Per name, the mean of the episodes' ``episode_stats()`` values (episodes that lack a name are
-    left out of its mean)."""
-    names = dict.fromkeys(k for ep in episodes for k in ep)
-    return {k: float(np.mean([ep[k] for ep in episodes if k in ep])) for k in names}
 
 
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
@@ -105,6 +94,7 @@ class Runner:
         self.venv = None
         self.logger = None
         self.agents: dict[str, Agent] = {}
+        self.collector: Collector | None = None
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -148,10 +138,14 @@ class Runner:
         on resume: the run's latest.pt holds every group's weights, and the files it began from may
         have moved since."""
         names = self._group_agent_names(spec.groups)
-        check_fits({g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
-                                                           self.cfg.runner.horizon, spec.state_dtype,
-                                                           key=f"agents.{names[g]}")
-                    for g, gs in spec.groups.items()})
+        estimates = {g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
+                                                            self.cfg.runner.horizon, spec.state_dtype,
+                                                            key=f"agents.{names[g]}")
+                     for g, gs in spec.groups.items()}
+        if self.cfg.runner.overlapped():   # one rollout collected while the last is trained on
+            estimates = {g: replace(e, rollout=2 * e.rollout, shrink=(*e.shrink, "runner.overlap: false"))
+                         for g, e in estimates.items()}
+        check_fits(estimates)
         loads = not self.cfg.resume
         run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load and loads else None
         agents = {}
@@ -177,65 +171,6 @@ class Runner:
         if vectorize is not None:
             runner = replace(runner, vectorize=vectorize)
         return make_env_vector(self.cfg.env, runner, num_envs, render, first_index)
-
-    # ------------------------------------------------------------------ acting
-
-    def _act(self, obs: Observation, hidden: dict, explore: bool, agents: dict | None = None) -> dict:
-        return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
-                for g, agent in (agents or self.agents).items()}
-
-    @staticmethod
-    def _advance_hidden(outs: dict, episode_end: np.ndarray, agent_end: dict) -> dict:
-        """The hidden state for the next step: zero where an env, or one agent's episode, ended."""
-        hidden = {}
-        for g, out in outs.items():
-            h = out.hidden
-            ended = agent_end.get(g)
-            if h is not None and (episode_end.any() or (ended is not None and ended.any())):
-                h = h.copy()
-                h[episode_end] = 0.0
-                if ended is not None:
-                    h[ended] = 0.0
-            hidden[g] = h
-        return hidden
-
-    def run_episodes(self, venv, n_episodes: int, explore: bool, seed: int, on_frame=None,
-                     stop=None, agents: dict | None = None) -> list[dict]:
-        """Play exactly ``n_episodes`` (split evenly over the envs, so short episodes are not
-        over-sampled) and return their per-group returns. ``on_frame(k)`` is called after every
-        step with the number of episodes env 0 has finished; a truthy ``stop`` (a stop request) aborts.
-        ``agents``: who plays (the run's own by default)."""
-        agents = agents or self.agents
-        quota = np.full(venv.num_envs, n_episodes // venv.num_envs)
-        quota[: n_episodes % venv.num_envs] += 1
-        done = np.zeros(venv.num_envs, int)
-        results: list[dict] = []
-        obs = venv.reset(seed=seed)
-        if on_frame is not None:
-            on_frame(0)
-        hidden = {g: a.initial_hidden(venv.num_envs) for g, a in agents.items()}
-        limit = self.cfg.runner.episode_step_limit * int(quota.max())
-        for _ in range(limit):
-            if (done >= quota).all():
-                break
-            if stop:
-                raise _EvaluationStopped()
-            outs = self._act(obs, hidden, explore, agents)
-            res = venv.step({g: out.actions for g, out in outs.items()})
-            for e, info in enumerate(res.infos):
-                if "episode" in info and done[e] < quota[e]:
-                    done[e] += 1
-                    results.append({"return": info["episode"]["return"], "length": info["episode"]["length"],
-                                    "stats": info["episode"].get("stats", {})})
-            if on_frame is not None:
-                on_frame(int(done[0]))
-            hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
-            obs = res.next
-        else:
-            raise EnvAPIError(f"{int(done.sum())} of {n_episodes} episodes ended within {limit} steps per env; "
-                              "an episode that never ends needs env.max_episode_steps (or raise "
-                              "runner.episode_step_limit)")
-        return results
 
     # ------------------------------------------------------------------ train / benchmark
 
@@ -315,7 +250,7 @@ class Runner:
 
     def _fresh_state(self) -> dict:
         obs = self.venv.reset(seed=self.cfg.seed * 10_000)
-        return {"steps": 0, "updates": 0, "obs": obs,
+        return {"steps": 0, "updates": 0, "pending": False, "obs": obs,
                 "hidden": {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()},
                 "recent": deque(maxlen=100), "recent_stats": deque(maxlen=100), "episodes": 0, "best": None,
                 "evaluations": [], "baseline": None,
@@ -329,6 +264,7 @@ class Runner:
         state = pickle.loads(ckpt["runner"])
         self._saved_steps = state["steps"]
         state.setdefault("recent_stats", deque(maxlen=100))   # checkpoints from before episode stats
+        state.setdefault("pending", False)                     # and from before overlapped collection
         if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
         else:
@@ -344,7 +280,9 @@ class Runner:
         return state
 
     def _checkpoint(self, path: Path, state: dict, venv_blob: bytes | None) -> None:
-        runner_state = {**state, "venv": venv_blob is not None}
+        # an overlapped run saves with the next rollout collected: the behaviours hold it
+        behaviour = self.collector.state_dict() if state["pending"] else None
+        runner_state = {**state, "venv": venv_blob is not None, "behaviour": behaviour}
         save_checkpoint(path, {
             "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
             "steps": state["steps"], "groups": {g: a.state_dict() for g, a in self.agents.items()},
@@ -368,38 +306,21 @@ class Runner:
         return (f"the run up to step {self._saved_steps} is saved in {latest}; once the env is fixed, continue "
                 f"with: marlkit --resume {self.run_dir}")
 
-    def _collect_rollout(self, state: dict, learners: list[str]) -> tuple[Observation, dict]:
-        """Step the envs for one rollout from ``state``'s observation and hidden state, hand every
-        transition to the learning agents and count finished episodes; -> (the observation and
-        hidden state after the rollout, to bootstrap from and to continue with)."""
-        obs, hidden = state["obs"], state["hidden"]
-        for _ in range(self.cfg.runner.horizon):
-            outs = self._act(obs, hidden, explore=True)
-            res = self.venv.step({g: out.actions for g, out in outs.items()})
-            for g in learners:
-                out = outs[g]
-                self.agents[g].store(Transition(
-                    obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
-                    out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
-                    res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
-                    agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
-            for info in res.infos:
-                if "episode" in info:
-                    state["recent"].append(info["episode"]["return"])
-                    state["episodes"] += 1
-                    if "stats" in info["episode"]:
-                        state["recent_stats"].append(info["episode"]["stats"])
-            hidden = self._advance_hidden(outs, res.episode_end, res.agent_end)
-            obs = res.next
-        return obs, hidden
-
     def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: StopRequest) -> None:
+        """Collect a rollout, update on it, log, evaluate and save, until ``total_steps``. With
+        ``runner.overlap`` the collector fills the next rollout (acting with the weights of the update
+        before) while the learner updates on the last one; at every boundary both have finished,
+        and a checkpoint holds the agents after that update and the next rollout, collected."""
         cfg, rc = self.cfg, self.cfg.runner
         E = self.venv.num_envs
         per_update = rc.horizon * E
         # total_steps is rounded up to whole rollouts; the bar shows the real end
         total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
+        overlap = rc.overlapped()
+        collector = self.collector = Collector(self.venv, self.agents, learners, rc.horizon, overlap)
+        collector.load_state_dict(state.pop("behaviour", None) or {})
+        learner = Learner(self.agents, learners, background=overlap)
         bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
                    dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         last_t, last_steps = time.perf_counter(), state["steps"]
@@ -408,17 +329,31 @@ class Runner:
             if eval_venv is not None and state["steps"] >= state["next_eval"]:
                 self._evaluate(state, eval_venv, result, stop)
             while state["steps"] < rc.total_steps:
-                obs, hidden = self._collect_rollout(state, learners)
+                if not state["pending"]:
+                    collector.collect(state)
                 steps = state["steps"] + per_update
-                metrics = {}
-                progress = Progress(steps, rc.total_steps, stop_requested=stop.__bool__)
-                for g in learners:
-                    update = self.agents[g].update(Bootstrap(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g],
-                                                   hidden[g]), progress)
-                    metrics.update({f"{g}/{k}": v for k, v in update.items()})
+                learner.start(collector.hand_over(state), Progress(steps, rc.total_steps, stop_requested=stop.__bool__))
+                # beside every update the next rollout, the last update's too: a checkpoint of an
+                # overlapped run always holds it, so that a run resumed from it, or extended past its
+                # total_steps, goes on exactly as one that never stopped
+                pending = learner.running
+                try:
+                    if pending:
+                        collector.collect(state)
+                except Exception:
+                    # the update goes on to its end; a failure then finds the run at the boundary
+                    # after it (the rollout cut short is dropped)
+                    if learner.finish_quietly():
+                        state.update(steps=steps, updates=state["updates"] + 1, pending=False)
+                    raise
+                except BaseException:
+                    learner.finish_quietly()
+                    raise
+                metrics = learner.finish()
+                collector.sync()
                 # the state moves to the next rollout boundary in one go, so that a failure at any
                 # point finds it consistent with the agents' weights
-                state.update(steps=steps, obs=obs, hidden=hidden, updates=state["updates"] + 1)
+                state.update(steps=steps, updates=state["updates"] + 1, pending=pending)
                 bar.update(per_update)
                 if state["recent"]:
                     for g in self.agents:
@@ -428,6 +363,8 @@ class Runner:
                 if state["steps"] >= state["next_log"] or state["steps"] >= rc.total_steps:
                     now = time.perf_counter()
                     metrics["perf/env_steps_per_s"] = (state["steps"] - last_steps) / max(now - last_t, 1e-9)
+                    if overlap:   # the collector's wait for the update: > 0 when the update is the slower
+                        metrics["perf/update_wait_s"] = learner.wait_s
                     last_t, last_steps = now, state["steps"]
                     if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
                         metrics["env/worker_restarts"] = self.venv.restarts
@@ -446,7 +383,7 @@ class Runner:
                 if eval_venv is not None and (state["steps"] >= state["next_eval"] or finished):
                     try:
                         self._evaluate(state, eval_venv, result, stop)
-                    except _EvaluationStopped:
+                    except EvaluationStopped:
                         self._save_latest(state)
                         raise RunInterrupted(self._interrupt_message(saved_now=True)) from None
                 if state["steps"] >= state["next_save"] or finished:
@@ -458,7 +395,7 @@ class Runner:
             # it diverged in the update of the rollout that ends per_update steps past the last boundary
             at = state["steps"] + per_update
             raise TrainingDivergedError(f"training stopped at step {at}: {exc}; {where}") from None
-        except _EvaluationStopped:
+        except EvaluationStopped:
             raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
         except ConfigError:
             raise
@@ -490,8 +427,8 @@ class Runner:
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
                 own.enter_context(agent.own_generators(seed * 1000 + i))
-            episodes = self.run_episodes(eval_venv, rc.eval_episodes, explore=not rc.eval_deterministic,
-                                         seed=seed, stop=stop, agents=agents)
+            episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
+                                    seed=seed, step_limit=rc.episode_step_limit, stop=stop)
         row = {"mean": {}, "std": {}}
         for g in self.agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
@@ -552,8 +489,9 @@ class Runner:
                     if episode < rc.test_episodes:
                         frames.setdefault(episode, []).append(self.venv.render(0))
 
-                episodes = self.run_episodes(self.venv, rc.test_episodes, explore=not rc.eval_deterministic,
-                                             seed=cfg.seed * 10_000 + 999, on_frame=on_frame if render else None)
+                episodes = run_episodes(self.venv, self.agents, rc.test_episodes, explore=not rc.eval_deterministic,
+                                        seed=cfg.seed * 10_000 + 999, step_limit=rc.episode_step_limit,
+                                        on_frame=on_frame if render else None)
                 finished = True
             except KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted during the {rc.test_episodes} test episodes of {cfg.load}; "

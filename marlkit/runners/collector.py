@@ -1,0 +1,91 @@
+"""Collection: the vector env and the acting agents fill one rollout ``[T, E, A, ...]`` per call.
+
+The collector acts through each group's *behaviour* (``Agent.behaviour``): the agent itself when
+collection and update take turns, or a twin acting on the weights of the update before while the
+learner updates the agent itself (``runner.overlap``). Either way it hands every transition to the
+behaviour's ``store``, and the learning agents take the finished rollout over with ``hand_over``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from marlkit.agents.base import Agent, Bootstrap
+from marlkit.buffers import Transition
+from marlkit.envs.core import Observation
+
+
+def advance_hidden(outs: dict, episode_end: np.ndarray, agent_end: dict) -> dict:
+    """The hidden state for the next step: zero where an env, or one agent's episode, ended."""
+    hidden = {}
+    for g, out in outs.items():
+        h = out.hidden
+        ended = agent_end.get(g)
+        if h is not None and (episode_end.any() or (ended is not None and ended.any())):
+            h = h.copy()
+            h[episode_end] = 0.0
+            if ended is not None:
+                h[ended] = 0.0
+        hidden[g] = h
+    return hidden
+
+
+def act(agents: dict[str, Agent], obs: Observation, hidden: dict, explore: bool) -> dict:
+    return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
+            for g, agent in agents.items()}
+
+
+class Collector:
+    """Steps ``venv`` for ``horizon`` steps per ``collect``, acting with ``behaviours`` (one per
+    group); ``learners`` are the groups whose transitions are stored."""
+
+    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool):
+        self.venv, self.agents, self.learners, self.horizon = venv, agents, learners, horizon
+        self.behaviours = {g: agent.behaviour() if overlap and g in learners else agent for g, agent in agents.items()}
+
+    def collect(self, state: dict) -> None:
+        """One rollout from ``state``'s observation and hidden state, which move on to where it
+        ends; finished episodes are counted in ``state``."""
+        obs, hidden = state["obs"], state["hidden"]
+        for _ in range(self.horizon):
+            outs = act(self.behaviours, obs, hidden, explore=True)
+            res = self.venv.step({g: out.actions for g, out in outs.items()})
+            for g in self.learners:
+                out = outs[g]
+                self.behaviours[g].store(Transition(
+                    obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
+                    out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
+                    res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
+                    agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
+            for info in res.infos:
+                if "episode" in info:
+                    state["recent"].append(info["episode"]["return"])
+                    state["episodes"] += 1
+                    if "stats" in info["episode"]:
+                        state["recent_stats"].append(info["episode"]["stats"])
+            hidden = advance_hidden(outs, res.episode_end, res.agent_end)
+            obs = res.next
+        state["obs"], state["hidden"] = obs, hidden
+
+    def hand_over(self, state: dict) -> dict[str, Bootstrap]:
+        """The learning agents take the rollout just collected; -> per learning group what to value
+        its tail with, copied: the vector env writes its next step into the arrays it returned."""
+        obs, hidden = state["obs"], state["hidden"]
+        boot = {}
+        for g in self.learners:
+            self.agents[g].take_rollout(self.behaviours[g])
+            h = hidden[g]
+            boot[g] = Bootstrap(obs.obs[g].copy(), obs.state.copy(), obs.agent_mask[g].copy(),
+                                obs.action_mask[g].copy(), h.copy() if h is not None else None)
+        return boot
+
+    def sync(self) -> None:
+        """The behaviours act with the learning agents' weights from now on."""
+        for g in self.learners:
+            self.agents[g].sync_behaviour(self.behaviours[g])
+
+    def state_dict(self) -> dict:
+        return {g: self.agents[g].behaviour_state(self.behaviours[g]) for g in self.learners}
+
+    def load_state_dict(self, state: dict) -> None:
+        for g in self.learners:
+            self.agents[g].load_behaviour_state(self.behaviours[g], state.get(g))

@@ -1,0 +1,58 @@
+"""Playing whole episodes (evaluation, ``--test``, the random baseline) and summing them up."""
+from __future__ import annotations
+
+import numpy as np
+
+from marlkit.agents.base import Agent
+from marlkit.errors import EnvAPIError
+from marlkit.runners.collector import act, advance_hidden
+
+
+class EvaluationStopped(Exception):
+    """A stop request arrived while episodes were being played."""
+
+
+def mean_stats(episodes) -> dict[str, float]:
+    """Per name, the mean of the episodes' ``episode_stats()`` values (episodes that lack a name are
+    left out of its mean)."""
+    names = dict.fromkeys(k for ep in episodes for k in ep)
+    return {k: float(np.mean([ep[k] for ep in episodes if k in ep])) for k in names}
+
+
+def run_episodes(venv, agents: dict[str, Agent], n_episodes: int, explore: bool, seed: int, step_limit: int,
+                 on_frame=None, stop=None) -> list[dict]:
+    """Play exactly ``n_episodes`` with ``agents`` (split evenly over the envs, so short episodes
+    are not over-sampled) and return each one's per-group ``return``, ``length`` and ``stats``.
+    ``on_frame(k)`` is called after every step with the number of episodes env 0 has finished; a
+    truthy ``stop`` (a stop request) aborts. An env that plays ``step_limit`` steps per episode it
+    owes without finishing them is an error (``runner.episode_step_limit``)."""
+    quota = np.full(venv.num_envs, n_episodes // venv.num_envs)
+    quota[: n_episodes % venv.num_envs] += 1
+    done = np.zeros(venv.num_envs, int)
+    results: list[dict] = []
+    obs = venv.reset(seed=seed)
+    if on_frame is not None:
+        on_frame(0)
+    hidden = {g: a.initial_hidden(venv.num_envs) for g, a in agents.items()}
+    limit = step_limit * int(quota.max())
+    for _ in range(limit):
+        if (done >= quota).all():
+            break
+        if stop:
+            raise EvaluationStopped()
+        outs = act(agents, obs, hidden, explore)
+        res = venv.step({g: out.actions for g, out in outs.items()})
+        for e, info in enumerate(res.infos):
+            if "episode" in info and done[e] < quota[e]:
+                done[e] += 1
+                results.append({"return": info["episode"]["return"], "length": info["episode"]["length"],
+                                "stats": info["episode"].get("stats", {})})
+        if on_frame is not None:
+            on_frame(int(done[0]))
+        hidden = advance_hidden(outs, res.episode_end, res.agent_end)
+        obs = res.next
+    else:
+        raise EnvAPIError(f"{int(done.sum())} of {n_episodes} episodes ended within {limit} steps per env; "
+                          "an episode that never ends needs env.max_episode_steps (or raise "
+                          "runner.episode_step_limit)")
+    return results

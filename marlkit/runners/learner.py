@@ -1,0 +1,67 @@
+"""The update of the learning agents on a finished rollout, in this thread or beside collection.
+
+With ``background`` the update runs in a thread of its own while the collector fills the next
+rollout in the main thread. Both spend most of their time in torch kernels, numpy and waits on env
+worker processes, which release the interpreter lock, so the two use both cores. The main thread
+keeps the signal handlers: a stop request reaches the update through ``Progress.stop_requested``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from marlkit.agents.base import Agent, Bootstrap, Progress
+
+
+class Learner:
+    def __init__(self, agents: dict[str, Agent], learners: list[str], background: bool):
+        self.agents, self.learners, self.background = agents, learners, background
+        self._thread: threading.Thread | None = None
+        self._result: dict | None = None
+        self._error: BaseException | None = None
+        self.wait_s = 0.0   # how long the last finish() waited for the update
+
+    def start(self, bootstrap: dict[str, Bootstrap], progress: Progress) -> None:
+        """Begin updating every learning group on the rollout it holds."""
+        self._result, self._error = None, None
+        if not self.background:
+            self._update(bootstrap, progress)
+            return
+        self._thread = threading.Thread(target=self._update, args=(bootstrap, progress), name="marlkit-learner",
+                                        daemon=True)
+        self._thread.start()
+
+    def _update(self, bootstrap: dict[str, Bootstrap], progress: Progress) -> None:
+        try:
+            metrics = {}
+            for g in self.learners:
+                update = self.agents[g].update(bootstrap[g], progress)
+                metrics.update({f"{g}/{k}": v for k, v in update.items()})
+            self._result = metrics
+        except BaseException as exc:   # re-raised in the main thread by finish()
+            self._error = exc
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    def finish_quietly(self) -> bool:
+        """Wait for the update while another error unwinds; -> whether it finished without one of
+        its own (which gives way to the other)."""
+        try:
+            self.finish()
+            return True
+        except BaseException:
+            return False
+
+    def finish(self) -> dict[str, float]:
+        """Wait for the update; -> its metrics, or the error it raised."""
+        if self._thread is not None:
+            start = time.perf_counter()
+            thread, self._thread = self._thread, None
+            thread.join()
+            self.wait_s = time.perf_counter() - start
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._result or {}

@@ -1,0 +1,121 @@
+"""Collection beside the update (``runner.overlap``): policy lag exactly 1, exact resume with the
+rollout in flight, determinism, and the settings it refuses."""
+import pickle
+
+import pytest
+import torch
+
+import marlkit
+from marlkit.agents.mappo import MAPPO
+from marlkit.config import ConfigError
+from marlkit.registry import register_agent
+
+OVERLAP = {"runner.parallels": 4, "runner.horizon": 25, "runner.vectorize": "subprocess", "runner.workers": 2}
+
+
+@torch.no_grad()
+def _checksum(agent) -> float:
+    return float(sum(p.double().sum() for p in agent.modules["actor"].parameters()))
+
+
+@register_agent("MAPPO_LAG_PROBE")
+class LagProbe(MAPPO):
+    """MAPPO that records which actor weights each act used and what each update left behind (a
+    class attribute, shared by the agent and its behaviour twin)."""
+
+    acted: list = []
+    updated: list = []
+
+    def act(self, *args, **kwargs):
+        LagProbe.acted.append(_checksum(self))
+        return super().act(*args, **kwargs)
+
+    def update(self, *args, **kwargs):
+        if not LagProbe.updated:
+            LagProbe.updated.append(_checksum(self))   # the initial weights, "update -1"
+        metrics = super().update(*args, **kwargs)
+        LagProbe.updated.append(_checksum(self))
+        return metrics
+
+
+@pytest.mark.parametrize("overlap, lag", [(True, 1), (False, 0)])
+def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, lag):
+    """Rollout r acts with the weights after update r - 1 - lag (the initial ones before that):
+    lag 1 with overlap, lag 0 when collection and update take turns. With overlap a 7th rollout
+    is collected beside the 6th, last, update (kept for a resume)."""
+    LagProbe.acted.clear()
+    LagProbe.updated.clear()
+    marlkit.run(agent="MAPPO_LAG_PROBE", env="mpe_spread", seed=3,
+                **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.total_steps": 600,
+                   "agents.MAPPO_LAG_PROBE.lr": 1e-2})
+    horizon, updates = 25, 6
+    assert len(LagProbe.updated) == updates + 1 and len(set(LagProbe.updated)) == updates + 1   # each one changed them
+    assert len(LagProbe.acted) == horizon * (updates + lag)
+    for r in range(updates + lag):
+        used = set(LagProbe.acted[r * horizon:(r + 1) * horizon])
+        assert used == {LagProbe.updated[max(r - lag, 0)]}, r
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])
+def test_an_overlapped_run_resumes_exactly_with_its_next_rollout_saved(tiny, agent):
+    """A run of 600 steps ends with its agents after the 6th update and the 7th rollout, collected
+    beside that update with the weights of the 5th, in latest.pt; extended to 1200 steps it ends
+    where a run of 1200 steps ends, bit for bit."""
+    common = {**tiny, **OVERLAP, "runner.save_interval": 600}
+    full = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**common, "runner.total_steps": 1200})
+    half = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**common, "runner.total_steps": 600})
+    state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["steps"] == 600 and state["pending"]
+    assert state["behaviour"]["agents"]["buffer"].full
+    resumed = marlkit.run(mode="train", resume=str(half.run_dir), **{"runner.total_steps": 1200})
+    assert resumed.steps == full.steps == 1200
+    for key, value in full.metrics.items():
+        if not key.startswith("perf/"):
+            assert resumed.metrics[key] == value, key
+    assert resumed.episode_returns == full.episode_returns
+    a = torch.load(full.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    b = torch.load(half.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
+
+
+def test_a_rollout_in_flight_is_trained_on_when_the_run_resumes_without_overlap(tiny):
+    """Resumed in process (vectorize sync, so no overlap), the saved rollout is the first one the
+    agent learns from: the run goes on from it, step for step, and the reverse works as well."""
+    common = {**tiny, **OVERLAP, "runner.save_interval": 300}
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=6, **{**common, "runner.total_steps": 300})
+    resumed = marlkit.run(mode="train", resume=str(half.run_dir),
+                          **{"runner.total_steps": 600, "runner.vectorize": "sync"})
+    assert resumed.steps == 600
+    state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["steps"] == 600 and state["updates"] == 6 and not state["pending"]
+    again = marlkit.run(mode="train", resume=str(half.run_dir),
+                        **{"runner.total_steps": 900, "runner.vectorize": "subprocess"})
+    assert again.steps == 900
+    state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["updates"] == 9 and state["pending"]
+
+
+def test_overlapped_training_is_deterministic():
+    """The learner's and the behaviour's draws come from generators of their own, so how the two
+    threads interleave cannot change a run."""
+    import tempfile
+    runs = []
+    for _ in range(2):
+        with tempfile.TemporaryDirectory() as root:
+            run = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, logger="none",
+                              **{**OVERLAP, "runner.run_root": root, "runner.progress": False,
+                                 "runner.total_steps": 2000})
+            runs.append(({k: v for k, v in run.metrics.items() if not k.startswith("perf/")}, run.episode_returns))
+    assert runs[0] == runs[1]
+
+
+def test_overlap_with_envs_in_this_process_is_refused_naming_the_fix(tiny):
+    with pytest.raises(ConfigError, match=r"runner.overlap: true needs envs that step in worker processes.*"
+                                          r"runner.vectorize: sync.*set runner.vectorize: subprocess"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "sync", "runner.overlap": True})
+    # auto: on with worker processes, off without
+    from marlkit.config import RunnerConfig
+    assert RunnerConfig(vectorize="subprocess").overlapped() and not RunnerConfig(vectorize="sync").overlapped()
+    assert not RunnerConfig(vectorize="auto", parallels=1).overlapped()
+    assert not RunnerConfig(vectorize="subprocess", overlap=False).overlapped()
