@@ -1,4 +1,5 @@
-"""Any PettingZoo ``ParallelEnv`` as a :class:`~marlkit.envs.core.MultiAgentEnv`.
+"""Any PettingZoo ``ParallelEnv`` (or turn-based ``AECEnv``, see ``marlkit.envs.aec``) as a
+:class:`~marlkit.envs.core.MultiAgentEnv`.
 
 Agents are assigned to groups (``env.groups`` patterns, or by default one group ``agents`` when all
 spaces match, else one group per name prefix such as ``adversary``/``agent``). Action masks come
@@ -22,6 +23,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
+from marlkit.envs.aec import as_parallel
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.registry import register_env
 from marlkit.envs.wrappers import block_factors, resize_images
@@ -159,8 +161,9 @@ class PettingZooEnv(MultiAgentEnv):
     def __init__(self, env, groups: dict[str, list[str]] | None = None, state: str = "auto",
                  max_episode_steps: int | None = None, check_api: bool = True):
         if not hasattr(env, "possible_agents") or not hasattr(env, "step"):
-            raise ConfigError(f"env factory returned {type(env).__name__}, not a PettingZoo ParallelEnv "
+            raise ConfigError(f"env factory returned {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv "
                               "(it needs possible_agents, reset, step)")
+        env = as_parallel(env)
         self.env = env
         self.max_episode_steps = max_episode_steps
         self.check_api = check_api
@@ -237,12 +240,13 @@ class PettingZooEnv(MultiAgentEnv):
                                   f"observation_space {space} (set env.check_api: false to skip this check)")
             out.obs[g][i] = value
             out.agent_mask[g][i] = agent in live
-            if mask is not None and self.groups[g].n_actions:
+            # a waiting player's mask means nothing (turn-based games give it no legal move)
+            if mask is not None and self.groups[g].n_actions and agent in live:
                 mask = np.asarray(mask, dtype=bool)
                 if mask.shape != (self.groups[g].n_actions,):
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} has shape {mask.shape}, "
                                       f"expected ({self.groups[g].n_actions},)")
-                if agent in live and not mask.any():
+                if not mask.any():
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
                 out.action_mask[g][i] = mask
         if self._env_state:
@@ -303,11 +307,13 @@ class PettingZooEnv(MultiAgentEnv):
         reward = {g: np.zeros(gs.n_agents, np.float32) for g, gs in self.groups.items()}
         terminated = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
         truncated = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
-        for agent in acting:
-            g, i = self._slot[agent]
-            reward[g][i] = rewards[agent]
-            terminated[g][i] = terminations[agent]
-            truncated[g][i] = truncations[agent]
+        # also for agents that did not act this step: a turn-based game pays and ends the waiting
+        # player's game with the mover's move
+        for array, table in ((reward, rewards), (terminated, terminations), (truncated, truncations)):
+            for agent, value in table.items():
+                if agent in self._slot:
+                    g, i = self._slot[agent]
+                    array[g][i] = value
         time_up = self.max_episode_steps is not None and self._t >= self.max_episode_steps
         episode_over = not self.env.agents or time_up
         if time_up:
