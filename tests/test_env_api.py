@@ -96,3 +96,21 @@ def test_a_state_that_fails_keeps_the_last_one_with_one_warning(how, caplog, mon
     warnings = [r for r in caplog.records if r.name == "marlkit.pettingzoo"]
     assert len(warnings) == 1
     assert "scripted_v0" in warnings[0].getMessage() and "env.state: concat" in warnings[0].getMessage()
+
+
+def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, caplog, env_yaml, monkeypatch):
+    """sisl multiwalker's state() fails on the step a walker falls (its hull is gone): training
+    goes on over many such episode ends, with the one warning."""
+    pytest.importorskip("Box2D", reason="the games extra (pip install -e .[games]) brings Box2D")
+    import marlkit
+    from marlkit.envs import pettingzoo
+    monkeypatch.setattr(pettingzoo, "_STATE_FAILED", set())
+    path = env_yaml("pettingzoo.sisl.multiwalker_v9:parallel_env", {"max_cycles": 100})
+    with caplog.at_level(logging.WARNING, logger="marlkit.pettingzoo"):
+        result = marlkit.run(agent="MAPPO", env=path, seed=1, logger="none", **{
+            "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 4,
+            "runner.horizon": 50, "runner.total_steps": 2000})
+    assert result.steps == 2000 and len(result.episode_returns) >= 20
+    assert all(np.isfinite(v) for v in result.metrics.values())
+    warnings = [r.getMessage() for r in caplog.records if r.name == "marlkit.pettingzoo"]
+    assert len(warnings) == 1 and "multiwalker" in warnings[0] and "env.state: concat" in warnings[0]

@@ -222,6 +222,34 @@ def test_a_missing_build_is_named():
         UnityEnv(UnityConfig(file_name="/no/such/build", timeout_wait=3))
 
 
+@pytest.mark.parametrize("problem", ["missing", "not executable"])
+def test_a_bad_build_path_is_a_config_error_in_one_line_before_any_launch(tmp_path, problem):
+    """From the command line: exit 2, one line naming env.file_name and the fix, no run directory."""
+    import subprocess
+    build = tmp_path / "Game.x86_64"
+    if problem == "not executable":
+        build.write_text("#!/bin/sh\nexec sleep 100\n")
+    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                          "--set", f"env.file_name={build}", f"runner.run_root={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert f"env.file_name={str(build)!r}" in line
+    assert ("no Unity build there" in line) if problem == "missing" else ("chmod +x" in line)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_on_a_ray_cluster_training_needs_the_build_on_the_nodes_only():
+    """The build is opened where the envs are hosted: in train mode the driver does not look for
+    it; --benchmark and --test play on the driver, which then needs it."""
+    from marlkit.api import build_config
+    train = build_config("MAPPO", "unity", **{"env.file_name": "/only/on/the/nodes", "runner.vectorize": "ray"})
+    assert train.env.file_name == "/only/on/the/nodes"
+    with pytest.raises(ConfigError, match="no Unity build there"):
+        build_config("MAPPO", "unity", mode="benchmark",
+                     **{"env.file_name": "/only/on/the/nodes", "runner.vectorize": "ray"})
+
+
 def test_single_branch_is_discrete_and_continuous_actions_arrive_unchanged(tmp_path):
     env, _ = make(tmp_path, "--branches", "5")
     rng = np.random.default_rng(3)

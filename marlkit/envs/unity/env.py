@@ -228,7 +228,10 @@ class UnityEnv(MultiAgentEnv):
     @classmethod
     def check_config(cls, cfg) -> None:
         if cfg.env.file_name is not None:
-            cls._check_build(cfg.env.file_name)
+            # on a Ray cluster the build is opened on the nodes that host the envs, which may be all
+            # the machines that have it; evaluation (--benchmark) and --test play on this one
+            if not (cfg.runner.vectorize == "ray" and cfg.mode == "train"):
+                cls._check_build(cfg.env.file_name)
             return
         # the Editor is one scene on one port: one env, and no second one to evaluate on
         if cfg.mode == "benchmark":
