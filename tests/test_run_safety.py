@@ -1,6 +1,7 @@
 """A run is never lost or bricked: resume is validated before anything is written, an interrupt saves
 a checkpoint, imports travel with the run, and an env is only restored exactly when it round-trips."""
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
@@ -419,16 +421,23 @@ def test_a_checkpoint_of_a_user_yaml_env_is_tested_without_repeating_the_env(tmp
 SLOW_UPDATE = ["agents.MAPPO.epochs=20000", "runner.save_interval=50"]
 
 
-def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
+def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds(tmp_path, sig, vectorize):
+    """sync: collection and update take turns; subprocess: the next rollout is collected beside
+    the update (overlap), and the checkpoint holds it."""
     root = tmp_path / "runs"
     code, stderr, took = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
-                                      *TINY, *SLOW_UPDATE], root, "config.yaml", signal.SIGTERM, after=3.0)
+                                      f"runner.vectorize={vectorize}", *TINY, *SLOW_UPDATE], root, "config.yaml",
+                                     sig, after=3.0)
     assert code == 130, stderr
     assert took < 10, f"{took:.1f} s from SIGTERM to exit"
     [run] = run_dirs(root)
     latest = run / "latest.pt"
     assert read_steps(latest) == 50                 # the rollout whose update was cut short counts
     assert f"interrupted; saved {latest} (step 50 of 100000000)" in stderr
+    state = pickle.loads(torch.load(latest, weights_only=False)["runner"])
+    assert state["pending"] == (vectorize == "subprocess")
 
 
 
@@ -506,6 +515,13 @@ def test_the_memory_estimate_follows_the_rollout_and_the_minibatch():
     check_fits({"agents": small}, available=10 * small.total)
     with pytest.raises(ConfigError, match="runner.parallels"):
         check_fits({"agents": small}, available=small.total)
+    # a critic that pools the observations stores no state; IPPO never does
+    from dataclasses import replace
+    pooled = mappo.memory_estimate(group, spec.state_shape, replace(cfg.agents["MAPPO"], critic_input="auto"), 16, 25,
+                                   state_from_obs=True)
+    assert small.rollout - pooled.rollout == 16 * 25 * state * 4
+    ippo = get_agent("IPPO").memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 16, 25)
+    assert ippo.rollout == pooled.rollout
 
 
 def replace_minibatches(agent_cfg, n):

@@ -97,7 +97,7 @@ class Agent:
 
     @classmethod
     def memory_estimate(cls, group: GroupSpec, state_shape: tuple[int, ...], cfg, num_envs: int, horizon: int,
-                        state_dtype=np.float32, key: str = "") -> MemoryEstimate:
+                        state_dtype=np.float32, key: str = "", state_from_obs: bool = False) -> MemoryEstimate:
         """What this agent's rollout storage and update will need, from the spec alone (nothing is
         allocated yet); ``key`` is where ``cfg`` sits in the run config, for the settings to shrink."""
         return MemoryEstimate()
@@ -208,7 +208,6 @@ class OnPolicyAgent(Agent):
     ``[L, B, A, ...]`` (time, batch, agent).
     """
 
-    uses_state = True               # False: the agent never reads the global state, so it is not stored
     value_chunk_bytes = 16 * 2**20  # input bytes per critic pass when valuing a rollout
 
     def __init__(self, group, state_shape, cfg: OnPolicyConfig, num_envs, horizon, seed=0, device="cpu",
@@ -237,13 +236,24 @@ class OnPolicyAgent(Agent):
         self._episode_start = np.ones((num_envs, group.n_agents), bool)
 
     @classmethod
-    def memory_estimate(cls, group, state_shape, cfg, num_envs, horizon, state_dtype=np.float32, key=""):
+    def stores_state(cls, cfg, state_from_obs: bool) -> bool:
+        """Whether the rollout keeps the global state: an agent that never reads it does not store
+        it (``state_from_obs``: ``EnvSpec.state_from_obs``, for agents whose choice depends on it)."""
+        return True
+
+    @property
+    def uses_state(self) -> bool:
+        return self.stores_state(self.cfg, self.state_from_obs)
+
+    @classmethod
+    def memory_estimate(cls, group, state_shape, cfg, num_envs, horizon, state_dtype=np.float32, key="",
+                        state_from_obs=False):
         """The rollout's observations and states in their stored dtypes (uint8 images stay uint8)
         plus the per-agent scalars; the update holds one minibatch of them as float32, with about
         three times as much again for activations and gradients, and a few ``[T, E, A]`` arrays."""
         T, E, A = horizon, num_envs, group.n_agents
         obs = int(np.prod(group.obs_shape, dtype=np.int64))
-        state = int(np.prod(state_shape, dtype=np.int64)) if cls.uses_state else 0
+        state = int(np.prod(state_shape, dtype=np.int64)) if cls.stores_state(cfg, state_from_obs) else 0
         obs_bytes = np.dtype(group.observation_space.dtype or np.float32).itemsize
         per_step = A * obs * obs_bytes + state * np.dtype(state_dtype).itemsize + A * (group.n_actions + 32)
         samples = -(-T * E // min(cfg.minibatches, T * E))

@@ -88,7 +88,10 @@ class COMA(MAPPO):
     """
 
     config_cls = COMAConfig
-    uses_state = True
+
+    @classmethod
+    def stores_state(cls, cfg, state_from_obs: bool) -> bool:
+        return True   # the Q critic reads the state
     checks_groups = True
 
     def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",

@@ -15,7 +15,10 @@ class IPPO(MAPPO):
     never read, so it is not stored either."""
 
     config_cls = OnPolicyConfig
-    uses_state = False
+
+    @classmethod
+    def stores_state(cls, cfg, state_from_obs: bool) -> bool:
+        return False   # the global state is never read
 
     def critic_encoder(self) -> Encoder:
         return self._encoder("critic", self.group.obs_shape, per_agent=True)

@@ -45,15 +45,20 @@ class MAPPO(OnPolicyAgent):
 
     config_cls = MAPPOConfig
 
-    @property
-    def pooled_critic(self) -> bool:
-        choice = getattr(self.cfg, "critic_input", "state")   # subclasses with critics of their own lack it
-        return choice == "pooled" or (choice == "auto" and self.state_from_obs)
+    @staticmethod
+    def pools(cfg, state_from_obs: bool) -> bool:
+        """Whether the critic pools the observations (``critic_input``, ``auto`` resolved)."""
+        choice = getattr(cfg, "critic_input", "state")   # subclasses with critics of their own lack it
+        return choice == "pooled" or (choice == "auto" and state_from_obs)
 
     @property
-    def uses_state(self) -> bool:
+    def pooled_critic(self) -> bool:
+        return self.pools(self.cfg, self.state_from_obs)
+
+    @classmethod
+    def stores_state(cls, cfg, state_from_obs: bool) -> bool:
         """A pooled critic reads the observations alone, so the state is not stored."""
-        return not self.pooled_critic
+        return not cls.pools(cfg, state_from_obs)
 
     # ------------------------------------------------------------------ networks
 

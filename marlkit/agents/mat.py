@@ -72,7 +72,10 @@ class MAT(OnPolicyAgent):
     """
 
     config_cls = MATConfig
-    uses_state = False
+
+    @classmethod
+    def stores_state(cls, cfg, state_from_obs: bool) -> bool:
+        return False   # the global state is never read
 
     @classmethod
     def check_config(cls, cfg: MATConfig, runner, key: str) -> None:

@@ -240,15 +240,15 @@ class PettingZooEnv(MultiAgentEnv):
                                   f"observation_space {space} (set env.check_api: false to skip this check)")
             out.obs[g][i] = value
             out.agent_mask[g][i] = agent in live
-            # a waiting player's mask means nothing (turn-based games give it no legal move)
-            if mask is not None and self.groups[g].n_actions and agent in live:
+            if mask is not None and self.groups[g].n_actions:
                 mask = np.asarray(mask, dtype=bool)
                 if mask.shape != (self.groups[g].n_actions,):
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} has shape {mask.shape}, "
                                       f"expected ({self.groups[g].n_actions},)")
-                if not mask.any():
+                if agent in live and not mask.any():
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
-                out.action_mask[g][i] = mask
+                if mask.any():   # a waiting player of a turn-based game has no legal move: nothing to mask
+                    out.action_mask[g][i] = mask
         if self._env_state:
             out.state[:] = self._env_state_now()
         elif self._stacked_state:

@@ -140,7 +140,8 @@ class Runner:
         names = self._group_agent_names(spec.groups)
         estimates = {g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
                                                             self.cfg.runner.horizon, spec.state_dtype,
-                                                            key=f"agents.{names[g]}")
+                                                            key=f"agents.{names[g]}",
+                                                            state_from_obs=spec.state_from_obs)
                      for g, gs in spec.groups.items()}
         if self.cfg.runner.overlapped():   # one rollout collected while the last is trained on
             estimates = {g: replace(e, rollout=2 * e.rollout, shrink=(*e.shrink, "runner.overlap: false"))
