@@ -665,12 +665,15 @@ def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
         got = launched(pids, 2 * parallels)
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
         out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "interrupted before the first checkpoint" in out, out
+    assert took < 3, f"{took:.1f} s from Ctrl+C to exit"
     assert [p for p in got if running(p)] == []
 
 
@@ -681,9 +684,12 @@ def test_a_script_that_never_closes_its_env_exits_and_leaves_no_scene(tmp_path):
     tag = uuid.uuid4().hex
     body = (f"env = UnityEnv(UnityConfig(file_name={STANDIN!r}, timeout_wait=20, additional_args=['--tag', {tag!r}]))\n"
             "env.reset()\nprint(sorted(env.spec.groups))\n")
+    started = time.monotonic()
     out = subprocess.run([sys.executable, str(_script(tmp_path, body))], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - started    # start-up, a scene launched and reset, and the exit
     assert out.returncode == 0 and "['team_0', 'team_1']" in out.stdout, out.stderr
-    assert gone_soon(standin_pids(tag)) == []
+    assert took < 10, f"the script took {took:.1f} s"
+    assert gone_soon(standin_pids(tag), 1.0) == []
 
 
 def test_the_env_is_a_context_manager(tmp_path):
@@ -710,6 +716,46 @@ def test_a_fixed_port_in_use_is_one_line_naming_the_fix(tmp_path):
                                   "is in use, by another run or program; leave env.base_port null for free ports, "
                                   "or pick another env.worker_id")
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
+
+
+def test_a_second_run_on_a_fixed_port_in_use_stops_in_one_line_and_takes_its_scene_along(tmp_path):
+    """Two marlkit runs with the same fixed env.base_port: the second exits 2 with the one line
+    naming the port and the fix and takes its own scene along; the first runs on, its scene alone."""
+    import signal
+    import subprocess
+
+    base = free_base_port(1)
+    tags = [uuid.uuid4().hex, uuid.uuid4().hex]
+
+    def run(tag: str, steps: int):
+        return subprocess.Popen([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger",
+                                 "none", "--set", f"env.file_name={STANDIN}", f"env.base_port={base}",
+                                 f"env.additional_args=[--tag, {tag}]", "runner.parallels=1",
+                                 f"runner.total_steps={steps}", f"runner.run_root={tmp_path / tag}",
+                                 "runner.progress=false"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    first = run(tags[0], 10_000_000)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / tags[0]).rglob("config.yaml")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(standin_pids(tags[0])) == 1
+        second = run(tags[1], 1000)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 2, err
+        [line] = err.strip().splitlines()
+        assert f"port {base}" in line and "leave env.base_port null" in line and "env.worker_id" in line
+        assert gone_soon(standin_pids(tags[1]), 5.0) == []
+        assert first.poll() is None and len(standin_pids(tags[0])) == 1
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+        assert first.returncode == 130
+        assert gone_soon(standin_pids(tags[0]), 5.0) == []
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
 
 
 # ---------------------------------------------------------------------- relaunching a failed scene
