@@ -3,32 +3,30 @@ marlkit's vector env with random actions, for 2 and 4 players, and MAPPO trainin
 Bare and marlkit runs alternate within one process, so both see the same machine load.
 
     python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
-                                         [--train-steps 4096] [--tag NAME]
+                                         [--train-steps 4096] [--set KEY=VALUE ...] [--tag NAME]
 
 A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
 wrapper must do: one process per player holding a DoomGame (player 0 hosting, the others joining
 over loopback), actions sent through pipes, screens and game variables sent back, and the 4 tics
 of a step played as 2 + 2 with a barrier between (more than 2 tics per barrier hangs the engines).
 "marlkit" is ``make_env_vector`` on the packaged doom_coop config (1 env, runner.vectorize sync)
-with its resize to 30x40 and stack of 4 frames, and random actions. Writes
+with its resize to 30x40 and stack of 4 frames, and random actions. Beside them, per player count
+the default vector env (``runner.parallels`` envs, ``runner.vectorize``) with random actions, and
+MAPPO training with the doom_coop defaults against random stepping of the same vector env. Writes
 benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import os
-import platform
 import signal
-import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
+
+import harness
 
 BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
 
@@ -136,85 +134,50 @@ def _bare_run(players: int, steps: int, timeout_tics: int) -> float:
                     pass
 
 
-def marlkit_steps_per_s(cfg, players: int, steps: int, num_envs: int = 1, vectorize: str = "sync") -> float:
-    from marlkit.envs.factory import make_env_vector
-    env_cfg = replace(cfg.env, players=players)
-    venv = make_env_vector(env_cfg, replace(cfg.runner, vectorize=vectorize, workers=num_envs), num_envs)
-    try:
-        rng = np.random.default_rng(0)
-        venv.reset(seed=0)
-        n = venv.spec.groups["agents"].action_space.n
-        rounds = max(1, steps // num_envs)
-        start = time.perf_counter()
-        for _ in range(rounds):
-            venv.step({"agents": rng.integers(0, n, (num_envs, players))})
-        return rounds * num_envs / (time.perf_counter() - start)
-    finally:
-        venv.close()
-
-
-def train_steps_per_s(steps: int, overrides: dict) -> float:
-    import marlkit
-    with tempfile.TemporaryDirectory() as root:
-        result = marlkit.run(agent="MAPPO", env="doom_coop", logger="none", **{
-            "runner.total_steps": steps, "runner.progress": False, "runner.run_root": root,
-            "runner.save_interval": 10 ** 9, **overrides})
-    return result.metrics["perf/env_steps_per_s_overall"]
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+def vector_cfg(cfg, players: int, num_envs: int, vectorize: str):
+    """doom_coop's config with ``players`` players and ``num_envs`` envs (a worker each, unless in process)."""
+    return replace(cfg, env=replace(cfg.env, players=players),
+                   runner=replace(cfg.runner, parallels=num_envs, workers=num_envs, vectorize=vectorize))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1500, help="joint steps per measurement (2 players)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--players", type=int, nargs="*", default=[2, 4])
-    parser.add_argument("--train-steps", type=int, default=4096, help="0 skips the training measurement")
-    parser.add_argument("--tag", default="")
-    args = parser.parse_args()
+    p = harness.parser(__doc__)
+    p.add_argument("--steps", type=int, default=1500, help="joint steps per measurement (2 players)")
+    p.add_argument("--players", type=int, nargs="*", default=[2, 4])
+    p.add_argument("--train-steps", type=int, default=4096, help="0 skips the training measurement")
+    args = harness.parse_args(p)
 
-    from marlkit.config import resolve
-    cfg = resolve("MAPPO", "doom_coop")
-    timeout = cfg.env.episode_timeout
-    out: dict = {"machine": f"{cpu_model()}, {os.cpu_count()} cores (shared)",
-                 "python": sys.version.split()[0], "config": "marlkit/configs/doom_coop.yaml",
-                 "frame_skip": cfg.env.frame_skip, "resolution": cfg.env.resolution, "players": {}}
+    from marlkit.api import build_config
+    cfg = build_config("MAPPO", "doom_coop", overrides=args.overrides)
+    parallels, vectorize = cfg.runner.parallels, cfg.runner.vectorize
+    out: dict = {"config": "marlkit/configs/doom_coop.yaml", "overrides": args.set, "frame_skip": cfg.env.frame_skip,
+                 "resolution": cfg.env.resolution, "players": {}}
     for players in args.players:
         steps = args.steps * 2 // players
-        bare, wrapped, ratios = [], [], []
-        for r in range(args.repeats):
-            b = bare_steps_per_s(players, steps, timeout)
-            m = marlkit_steps_per_s(cfg, players, steps)
-            bare.append(b)
-            wrapped.append(m)
-            ratios.append(m / b)
-            print(f"players {players} repeat {r}: bare {b:7.1f}  marlkit {m:7.1f} joint steps/s  ratio {m / b:.2f}",
-                  flush=True)
-        vec = marlkit_steps_per_s(cfg, players, steps * cfg.runner.parallels // 2, cfg.runner.parallels,
-                                  cfg.runner.vectorize)
-        print(f"players {players}: default vector env ({cfg.runner.parallels} envs, {cfg.runner.vectorize}) "
-              f"{vec:.1f} joint steps/s", flush=True)
+        samples, _ = harness.measure({
+            "bare": lambda: bare_steps_per_s(players, steps, cfg.env.episode_timeout),
+            "marlkit": lambda: harness.random_steps_per_s(vector_cfg(cfg, players, 1, "sync"), steps)},
+            args.repeats, label=f"players {players} ")
+        ratios = [m / b for m, b in zip(samples["marlkit"], samples["bare"])]
+        vec = harness.random_steps_per_s(vector_cfg(cfg, players, parallels, vectorize), steps * parallels // 2)
+        print(f"players {players}: default vector env ({parallels} envs, {vectorize}) {vec:.1f} joint steps/s",
+              flush=True)
         out["players"][players] = {
-            "steps": steps, "bare_joint_steps_per_s": bare, "marlkit_joint_steps_per_s": wrapped,
-            "ratio_per_repeat": ratios, "ratio_median": statistics.median(ratios),
-            f"marlkit_{cfg.runner.parallels}_envs_{cfg.runner.vectorize}_joint_steps_per_s": vec}
+            "steps": steps, "bare_joint_steps_per_s": samples["bare"], "marlkit_joint_steps_per_s": samples["marlkit"],
+            "ratio_per_repeat": ratios, "ratio_median": harness.median(ratios),
+            f"marlkit_{parallels}_envs_{vectorize}_joint_steps_per_s": vec}
+    rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
+             harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
-        train = train_steps_per_s(args.train_steps, {})
-        rand = marlkit_steps_per_s(cfg, cfg.env.players, args.train_steps // 2, cfg.runner.parallels,
-                                   cfg.runner.vectorize)
-        print(f"MAPPO training (doom_coop defaults): {train:.1f} joint steps/s; random stepping of the same "
-              f"vector env: {rand:.1f} (training {train / rand:.2f}x)", flush=True)
+        train = harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides)
+        rand = harness.random_steps_per_s(vector_cfg(cfg, cfg.env.players, parallels, vectorize), args.train_steps // 2)
         out["mappo_training"] = {"steps": args.train_steps, "joint_steps_per_s": train,
                                  "random_same_vector_env_joint_steps_per_s": rand, "ratio": train / rand}
-    path = Path(__file__).parent / "results" / f"doom_throughput{'_' + args.tag if args.tag else ''}.json"
-    path.write_text(json.dumps(out, indent=2))
-    print(f"wrote {path}")
+    harness.write_results("doom_throughput", args, out)
+    harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
+    if args.train_steps:
+        print(f"MAPPO training (doom_coop defaults): {train:.1f} joint steps/s; random stepping of the same "
+              f"vector env ({parallels} envs, {vectorize}): {rand:.1f} (training {train / rand:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -13,43 +13,36 @@ evaluations made before the interruption are in their checkpoints) instead of st
 """
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-from pathlib import Path
 
-import marlkit
-from marlkit.config import load_yaml, parse_set
-
-from learning_curves import value_at
+import harness
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = harness.parser(__doc__, repeats=None)
     parser.add_argument("--env", default="mpe_spread")
     parser.add_argument("--agents", nargs="+", default=["MAPPO", "IPPO"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=500_000)
     parser.add_argument("--report-at", nargs="+", type=int, default=None)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--tag", default="")
     parser.add_argument("--run-root", default="runs/learning")
     parser.add_argument("--resume", nargs="+", default=[], metavar="RUN_DIR",
                         help="continue these interrupted runs instead of starting --agents x --seeds")
-    args = parser.parse_args()
+    args = harness.parse_args(parser)
     given = [f"--{k.replace('_', '-')}" for k in ("env", "agents", "seeds", "steps", "set", "run_root")
              if getattr(args, k) != parser.get_default(k)]
     if args.resume and given:
         parser.error(f"--resume continues runs with their own settings; drop {', '.join(given)}")
     report_at = args.report_at or [args.steps]
-    overrides = parse_set(args.set)
-    overrides = {**overrides, "runner": {**overrides.get("runner", {}), "total_steps": args.steps,
-                                         "run_root": args.run_root, "progress": False}}
+    overrides = {**args.overrides, "runner": {**args.overrides.get("runner", {}), "total_steps": args.steps,
+                                              "run_root": args.run_root, "progress": False}}
     if args.resume:
         jobs = [dict(resume=run_dir, mode="benchmark", **{"runner.progress": False}) for run_dir in args.resume]
     else:
         jobs = [dict(agent=agent, env=args.env, mode="benchmark", seed=seed, logger="tensorboard", **overrides)
                 for agent in args.agents for seed in args.seeds]
+    import marlkit
+    from marlkit.config import load_yaml
     results = {}
     for job in jobs:
         run = marlkit.run(**job)
@@ -59,30 +52,27 @@ def main() -> None:
         curve = {r["step"]: r["mean"][group] for r in run.evaluations}
         row = {"seed": seed, "run_dir": str(run.run_dir),
                "steps_per_s": run.metrics.get("perf/env_steps_per_s_overall"),
-               "at": {str(s): value_at(curve, s) for s in report_at},
+               "at": {str(s): harness.value_at(curve, s) for s in report_at},
                "best": max(r["mean"][group] for r in run.evaluations),
                "curve": [[s, v] for s, v in curve.items()]}
         results.setdefault(agent, []).append(row)
-        print(f"{agent} seed {seed}: " + ", ".join(f"{s}: {v:.2f}" for s, v in row["at"].items())
+        at = ", ".join(f"{s}: {'-' if v is None else f'{v:.2f}'}" for s, v in row["at"].items())
+        print(f"{agent} seed {seed}: {at}"
               + f", best {row['best']:.2f}, {row['steps_per_s']:.0f} env-steps/s", flush=True)
-    print(f"\n{'agent':<8}" + "".join(f"{f'@{s}':>22}" for s in report_at))
-    summary = {}
-    for agent, rows in results.items():
-        cells = []
+    summary, rows = {}, []
+    for agent, runs in results.items():
         summary[agent] = {}
         for s in report_at:
-            vals = [r["at"][str(s)] for r in rows]
-            mean = statistics.mean(vals)
-            spread = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            vals = [r["at"][str(s)] for r in runs]
+            known = [v for v in vals if v is not None]   # None: no evaluation within 5% of the step
+            mean = statistics.mean(known) if known else float("nan")
+            spread = statistics.stdev(known) if len(known) > 1 else 0.0
             summary[agent][str(s)] = {"mean": mean, "std": spread, "per_seed": vals}
-            cells.append(f"{mean:>14.2f} ± {spread:<5.2f}")
-        print(f"{agent:<8}" + "".join(cells))
-    out = Path(__file__).parent / "results" / f"learning{('_' + args.tag) if args.tag else ''}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    record = {"overrides": {} if args.resume else overrides, "resumed": args.resume,
-              "summary": summary, "runs": results}
-    out.write_text(json.dumps(record, indent=2))
-    print(f"written {out}")
+        rows.append([agent, *(f"{summary[agent][str(s)]['mean']:.2f} ± {summary[agent][str(s)]['std']:.2f}"
+                              for s in report_at)])
+    harness.write_results("learning", args, {"overrides": {} if args.resume else overrides, "resumed": args.resume,
+                                             "summary": summary, "runs": results})
+    harness.table(["agent", *(f"@{s}" for s in report_at)], rows)
 
 
 if __name__ == "__main__":

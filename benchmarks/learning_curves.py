@@ -1,20 +1,27 @@
-"""All algorithms' learning on mpe_spread in one figure, from ``benchmarks/learning.py`` results.
+"""Learning curves from ``benchmarks/learning.py`` results: all agents on mpe_spread in one figure,
+or with ``--panels`` one panel per env.
 
     python benchmarks/learning_curves.py benchmarks/results/learning_*.json \
         [--out docs/img/mpe_spread_learning_curves.png] [--table 500000 2000000]
+    python benchmarks/learning_curves.py --panels mpe_tag=benchmarks/results/learning_pooled_mpe_tag.json \
+        pursuit=A.json,B.json [--until 200000] --out docs/img/pooled_critic_learning.png
 
 A run's whole evaluation curve comes from its result row (``curve``) or, for rows written before
 rows kept it, from the ``benchmark.json`` of its run directory; where neither is left, only the
 reported points (``at``) are drawn, as markers. Per agent and step: the mean over seeds, with the
 range of the seeds shaded. ``--table`` also prints a Markdown table of the evaluations at those
 steps: mean ± sample std over the seeds evaluated near the step, and each seed's value.
+
+``--panels ENV=RESULT[,RESULT...]``: a panel per env, a line per result file (its first run; the
+label is the file's tag), up to ``--until`` env steps.
 """
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
+
+import harness
 
 RANDOM_RETURN = -26.6  # uniform random actions, mean over agents (docs/benchmarks.md)
 
@@ -30,13 +37,6 @@ def run_curve(row: dict) -> tuple[list[tuple[int, float]], bool]:
     return sorted((int(s), float(v)) for s, v in row["at"].items() if v is not None), False
 
 
-def value_at(curve: dict[int, float], step: int) -> float | None:
-    """The evaluation nearest to ``step``, if one lies within 5% of it: runs with other rollout
-    sizes evaluate at other multiples (MAT's 1,600-step rollouts: 460,800 and 512,000 around 500k)."""
-    near = min(curve, key=lambda s: abs(s - step), default=None)
-    return curve[near] if near is not None and abs(near - step) <= 0.05 * step else None
-
-
 def markdown_table(by_agent: dict[str, dict[int, dict[int, float]]], steps: list[int]) -> str:
     import statistics
     lines = ["| agent | " + " | ".join(f"@{s:,}" for s in steps) + " |",
@@ -44,7 +44,7 @@ def markdown_table(by_agent: dict[str, dict[int, dict[int, float]]], steps: list
     for agent, seeds in sorted(by_agent.items()):
         cells = []
         for step in steps:
-            vals = {seed: value_at(curve, step) for seed, curve in sorted(seeds.items())}
+            vals = {seed: harness.value_at(curve, step) for seed, curve in sorted(seeds.items())}
             vals = {seed: v for seed, v in vals.items() if v is not None}
             if not vals:
                 cells.append("")
@@ -57,11 +57,23 @@ def markdown_table(by_agent: dict[str, dict[int, dict[int, float]]], steps: list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", nargs="+", type=Path)
-    parser.add_argument("--out", type=Path, default=Path("docs/img/mpe_spread_learning_curves.png"))
+    parser = harness.parser(__doc__, repeats=None, results=False, overrides=False)
+    parser.add_argument("results", nargs="*", type=Path)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the figure (default docs/img/mpe_spread_learning_curves.png, with --panels "
+                             "docs/img/pooled_critic_learning.png)")
     parser.add_argument("--table", nargs="+", type=int, default=[], metavar="STEP")
-    args = parser.parse_args()
+    parser.add_argument("--panels", nargs="+", default=[], metavar="ENV=RESULT[,RESULT...]",
+                        help="one panel per env, one line per result file")
+    parser.add_argument("--until", type=int, default=None, help="with --panels: the last env step drawn")
+    args = harness.parse_args(parser)
+    if bool(args.results) == bool(args.panels):
+        parser.error("give either result files or --panels")
+    import matplotlib
+    matplotlib.use("Agg")
+    if args.panels:
+        return panels(args.panels, args.until, args.out or Path("docs/img/pooled_critic_learning.png"))
+    args.out = args.out or Path("docs/img/mpe_spread_learning_curves.png")
 
     # agent -> seed -> {step: return}; a seed measured in several files keeps every step it has.
     by_agent: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -76,8 +88,6 @@ def main() -> None:
     if args.table:
         print(markdown_table(by_agent, args.table))
 
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
@@ -110,6 +120,28 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out, dpi=100)
     print(f"wrote {args.out}")
+
+
+def panels(specs: list[str], until: int | None, out: Path) -> None:
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(specs), figsize=(5 * len(specs), 4), squeeze=False)
+    for ax, spec in zip(axes[0], specs):
+        env, files = spec.split("=", 1)
+        for path in files.split(","):
+            (agent, rows), = list(json.loads(Path(path).read_text())["runs"].items())[:1]
+            points = [(s, v) for s, v in run_curve(rows[0])[0] if until is None or s <= until]
+            label = Path(path).stem.removeprefix("learning_")
+            ax.plot([s for s, _ in points], [v for _, v in points], "o-", ms=3, label=f"{agent} {label}")
+        ax.set_title(env)
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("eval return (first group, mean over its agents)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("MAPPO's pooled critic: evaluation return (one seed each; step 0 = untrained), 2-core CPU")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

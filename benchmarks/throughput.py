@@ -1,53 +1,43 @@
-"""Env-steps/s of training on mpe_spread (MAPPO, or the agents named by ``--agent``) vs raw env
-stepping with random actions, at the same vectorisation, measured alternately in one process so all
-see the same machine load.
+"""Training vs random-action stepping through the same vector env, for any packaged env or env YAML.
 
-    python benchmarks/throughput.py [--agent MAPPO [COMA ...]] [--steps 100000] [--parallels 16]
-                                    [--vectorize sync] [--repeats 3] [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
+    python benchmarks/throughput.py [--env mpe_spread|PATH.yaml] [--agent MAPPO [COMA ...]] [--steps 100000]
+                                    [--parallels 16] [--vectorize sync] [--repeats 3] [--set KEY=VALUE ...]
+                                    [--tag NAME]
+    python benchmarks/throughput.py --whole-process [--agent MAPPO] [--steps 100000] [--repeats 3] [--set ...]
 
-Prints a table and writes benchmarks/results/throughput[_NAME].json. "raw" uses the same vector env the
-trainer uses (marlkit's PettingZoo adapter, auto-reset, batching) with uniformly random actions;
-"bare mpe2" is a plain loop over one mpe2 env for reference.
+Comparison (the default): env-steps/s of training each ``--agent`` in turn on ``--env`` vs "raw", the
+vector env the trainer uses (marlkit's adapter, batching, auto-reset) with uniformly random actions at
+the same vectorisation, measured alternately in one process so that all see the same machine load; on
+mpe_spread also "bare mpe2", a plain loop over one mpe2 env, for reference. Training is the loop
+alone (marlkit's own ``perf/env_steps_per_s_overall``). Image envs: ``--env benchmarks/envs/
+cooperative_pong.yaml`` (or pistonball.yaml, kaz_image.yaml; ``pip install -e .[games]``); run under
+``/usr/bin/time -v`` for the peak RSS.
+
+Whole process (``--whole-process``): is ``marlkit`` as a whole process, start-up included, faster than
+the bare env stepped with random actions in one process? Alternately for ``--repeats`` pairs, the wall
+time of (a) ``python -m marlkit --agent MAPPO --env mpe_spread --logger none --set
+runner.total_steps=N ...`` (plus ``--parallels``, ``--vectorize`` and ``--set``) and (b) ``python
+benchmarks/throughput.py --bare-loop N``: one mpe2 ``simple_spread_v3.parallel_env(N=3,
+max_cycles=25)`` stepped N times with random actions. N is ``--steps`` rounded up to whole rollouts
+(marlkit trains whole rollouts); env-steps/s = N / wall.
+
+Writes benchmarks/results/throughput[_NAME].json.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import statistics
+import math
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
-import marlkit
-from marlkit.agents.random_policy import RandomAgent
-from marlkit.api import build_config
-from marlkit.config import parse_set
-from marlkit.envs.factory import make_env_vector
+import harness
 
 
-def raw_vector_steps_per_s(cfg, steps: int) -> float:
-    venv = make_env_vector(cfg.env, cfg.runner)
-    try:
-        agents = {g: RandomAgent(gs, venv.spec.state_shape, None, venv.num_envs, 1, seed=i)
-                  for i, (g, gs) in enumerate(venv.spec.groups.items())}
-        obs = venv.reset(seed=0)
-        n_steps = steps // venv.num_envs
-        start = time.perf_counter()
-        for _ in range(n_steps):
-            actions = {g: a.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], None).actions
-                       for g, a in agents.items()}
-            obs = venv.step(actions).next
-        return n_steps * venv.num_envs / (time.perf_counter() - start)
-    finally:
-        venv.close()
-
-
-def bare_mpe2_steps_per_s(steps: int) -> float:
+def bare_loop(steps: int) -> float:
+    """Seconds to step one mpe2 simple_spread_v3 env ``steps`` times with random actions (resetting
+    when an episode ends), after building and resetting it. Imports numpy and mpe2 only."""
+    import numpy as np
     from mpe2 import simple_spread_v3
     env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
     rng = np.random.default_rng(0)
@@ -57,63 +47,84 @@ def bare_mpe2_steps_per_s(steps: int) -> float:
         if not env.agents:
             env.reset()
         env.step({a: int(rng.integers(5)) for a in env.agents})
-    return steps / (time.perf_counter() - start)
+    return time.perf_counter() - start
 
 
-def train_steps_per_s(args, agent: str, steps: int) -> float:
-    with tempfile.TemporaryDirectory() as root:
-        result = marlkit.run(agent=agent, env="mpe_spread", logger="none", **{
-            **args.overrides, "runner.total_steps": steps, "runner.parallels": args.parallels,
-            "runner.vectorize": args.vectorize, "runner.progress": False, "runner.run_root": root,
-            "runner.save_interval": 10 ** 9})
-    return result.metrics["perf/env_steps_per_s_overall"]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--agent", nargs="+", default=["MAPPO"], help="one or more agents, trained in turn each repeat")
-    parser.add_argument("--steps", type=int, default=100_000)
-    parser.add_argument("--parallels", type=int, default=16)
-    parser.add_argument("--vectorize", default="sync", choices=["sync", "subprocess"])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="training config overrides")
-    parser.add_argument("--tag", default="")
-    args = parser.parse_args()
-    args.overrides = parse_set(args.set)
-    out = Path(__file__).parent / "results" / f"throughput{('_' + args.tag) if args.tag else ''}.json"
-    torch.set_num_threads(1)
-    cfg = build_config(args.agent[0], "mpe_spread", **{"runner.parallels": args.parallels,
-                                                   "runner.vectorize": args.vectorize})
+def compare(args, runner: dict) -> None:
+    from marlkit.api import build_config
+    cfg = build_config(args.agent[0], args.env, overrides=args.overrides, **runner)
     trains = {agent: ("train" if i == 0 else f"train_{agent}") for i, agent in enumerate(args.agent)}
-    rows = {"bare_mpe2": [], "raw": [], **{key: [] for key in trains.values()}}
-    for r in range(args.repeats):
-        rows["bare_mpe2"].append(bare_mpe2_steps_per_s(args.steps // 4))
-        rows["raw"].append(raw_vector_steps_per_s(cfg, args.steps))
-        for agent, key in trains.items():
-            rows[key].append(train_steps_per_s(args, agent, args.steps))
-        print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rows.items()),
-              flush=True)
-    med = {k: statistics.median(v) for k, v in rows.items()}
-    ratio = med["train"] / med["raw"]
-    report = {"agent": args.agent[0] if len(args.agent) == 1 else args.agent, "parallels": args.parallels,
-              "vectorize": args.vectorize, "overrides": args.set,
-              "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": rows,
-              "median_env_steps_per_s": med, "train_over_raw": ratio,
-              **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}}
-                 if len(trains) > 1 else {}),
-              "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, {platform.python_version()}",
-              "torch": torch.__version__}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(f"\n{'workload':<34}{'env-steps/s (median)':>22}")
-    print(f"{'bare mpe2, 1 env, random':<34}{med['bare_mpe2']:>22.0f}")
-    print(f"{f'raw vector env x{args.parallels} ({args.vectorize}), random':<34}{med['raw']:>22.0f}")
+    sides = {"bare_mpe2": lambda: args.steps // 4 / bare_loop(args.steps // 4)} if args.env == "mpe_spread" else {}
+    sides["raw"] = lambda: harness.random_steps_per_s(cfg, args.steps)
     for agent, key in trains.items():
-        print(f"{f'{agent} training x{args.parallels} ({args.vectorize})':<34}{med[key]:>22.0f}")
-    print(f"{args.agent[0]} train / raw = {ratio:.2f} (target >= 0.80)")
+        sides[key] = lambda agent=agent: harness.train_steps_per_s(agent, args.env, args.steps,
+                                                                   {**args.overrides, **runner})
+    samples, med = harness.measure(sides, args.repeats)
+    harness.write_results("throughput", args, {
+        "env": args.env, "agent": args.agent[0] if len(args.agent) == 1 else args.agent,
+        "parallels": args.parallels, "vectorize": args.vectorize, "overrides": args.set,
+        "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": samples,
+        "median_env_steps_per_s": med, "train_over_raw": med["train"] / med["raw"],
+        **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}} if len(trains) > 1 else {})})
+    vec = f"x{args.parallels} ({args.vectorize})"
+    rows = [["bare mpe2, 1 env, random", med["bare_mpe2"], None]] if "bare_mpe2" in med else []
+    rows.append([f"raw vector env {vec}, random", med["raw"], None])
+    rows += [[f"{agent} training {vec}", med[key], med[key] / med["raw"]] for agent, key in trains.items()]
+    harness.table(["workload", "env-steps/s (median)", "training / raw"], rows)
     for agent, key in list(trains.items())[1:]:
         print(f"{agent} / {args.agent[0]} training = {med[key] / med['train']:.2f}")
 
 
+def whole_process(args, runner: dict) -> None:
+    if args.env != "mpe_spread":
+        sys.exit("--whole-process compares against a bare mpe2 simple_spread loop: --env must be mpe_spread")
+    from marlkit.api import build_config
+    cfg = build_config(args.agent[0], "mpe_spread", overrides=args.overrides, **runner)
+    per_rollout = cfg.runner.parallels * cfg.runner.horizon
+    n = math.ceil(args.steps / per_rollout) * per_rollout
+    if n != args.steps:
+        print(f"--steps {args.steps} rounded up to {n}, whole rollouts of {per_rollout} env steps", flush=True)
+    with tempfile.TemporaryDirectory() as root:
+        commands = {
+            "marlkit": [sys.executable, "-m", "marlkit", "--agent", args.agent[0], "--env", "mpe_spread",
+                        "--logger", "none", "--set", f"runner.total_steps={n}", "runner.progress=false",
+                        f"runner.run_root={root}", f"runner.save_interval={10 ** 9}",
+                        f"runner.parallels={args.parallels}", f"runner.vectorize={args.vectorize}", *args.set],
+            "bare": [sys.executable, str(Path(__file__).resolve()), "--bare-loop", str(n)]}
+        wall, med = harness.measure({side: lambda cmd=cmd: harness.time_process(cmd) for side, cmd in commands.items()},
+                                    args.repeats)
+    rates = {side: [n / s for s in walls] for side, walls in wall.items()}
+    med_rate = {side: harness.median(r) for side, r in rates.items()}
+    harness.write_results("throughput", args, {
+        "mode": "whole_process", "env_steps": n, "repeats": args.repeats, "overrides": args.set,
+        "commands": {side: " ".join(cmd).replace(root, "<tmp>").replace(sys.executable, "python")
+                     .replace(f"{Path(__file__).resolve().parent.parent}/", "") for side, cmd in commands.items()},
+        "wall_s": wall, "median_wall_s": med, "env_steps_per_s": rates, "median_env_steps_per_s": med_rate,
+        "marlkit_over_bare": med_rate["marlkit"] / med_rate["bare"]})
+    harness.table(["whole process", "wall s (median)", "env-steps/s (median)"],
+                  [[f"marlkit {args.agent[0]} training x{args.parallels}", med["marlkit"], med_rate["marlkit"]],
+                   ["bare mpe2 loop, 1 env, random", med["bare"], med_rate["bare"]]])
+    print(f"marlkit / bare = {med_rate['marlkit'] / med_rate['bare']:.2f} ({n} env steps each)")
+
+
+def main() -> None:
+    p = harness.parser(__doc__)
+    p.add_argument("--env", default="mpe_spread", help="packaged env name or env YAML path")
+    p.add_argument("--agent", nargs="+", default=["MAPPO"], help="one or more agents, trained in turn each repeat")
+    p.add_argument("--steps", type=int, default=100_000, help="env steps per measurement")
+    p.add_argument("--parallels", type=int, default=16)
+    p.add_argument("--vectorize", default="sync", choices=["sync", "subprocess"])
+    p.add_argument("--whole-process", action="store_true", help="time whole processes: marlkit vs a bare loop")
+    p.add_argument("--bare-loop", type=int, metavar="N", help="(the bare side of --whole-process) step N times, exit")
+    args = p.parse_args() if "--bare-loop" in sys.argv else harness.parse_args(p)
+    if args.bare_loop is not None:
+        bare_loop(args.bare_loop)
+        return
+    import torch
+    torch.set_num_threads(1)
+    runner = {"runner.parallels": args.parallels, "runner.vectorize": args.vectorize}
+    (whole_process if args.whole_process else compare)(args, runner)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

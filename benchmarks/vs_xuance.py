@@ -3,7 +3,7 @@ each with its own default config for that task, measured alternately in one invo
 same machine load.
 
     .venv/bin/python benchmarks/vs_xuance.py [--steps 100000] [--repeats 1] [--skip-install]
-                                             [--xuance-threads N]
+                                             [--xuance-threads N] [--set KEY=VALUE ...] [--tag NAME | --out FILE]
 
 XuanCe runs in its own virtual environment, benchmarks/.xuance-venv, which this script creates on first
 use (python3.11 -m venv; the local CPU build of torch 2.13.0 first, then xuance 1.4.4 with numpy<2 and
@@ -24,14 +24,12 @@ torch's default thread count; marlkit: discrete actions, 16 in-process envs, 10 
 --xuance-threads N sets XuanCe's torch threads, which on a busy machine changes its throughput a lot.
 The JSON records these config facts beside the samples, the medians, the ratio marlkit / xuance and the
 final training return of each side (mean over agents, last 100 training episodes). Results go to
-benchmarks/results/vs_xuance.json.
+benchmarks/results/vs_xuance[_NAME].json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import platform
 import shlex
 import shutil
 import statistics
@@ -40,11 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
-import marlkit
-from marlkit.api import build_config
-from marlkit.config import parse_set
+import harness
 
 XUANCE_VERSION = "1.4.4"
 TORCH_PIN = "torch==2.13.0"
@@ -176,10 +170,7 @@ def measure_xuance(steps: int, helper: Path, threads: int | None) -> dict:
 
 
 def measure_marlkit(steps: int, overrides: dict) -> dict:
-    with tempfile.TemporaryDirectory() as root:
-        result = marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **overrides, **{
-            "runner.total_steps": steps, "runner.progress": False, "runner.run_root": root,
-            "runner.save_interval": 10 ** 9})
+    result = harness.train("MAPPO", "mpe_spread", steps, overrides)
     returns = [v for k, v in result.metrics.items() if k.endswith("/episode_return")]
     return {"env_steps": result.steps, "train_seconds": result.metrics["perf/wall_time_s"],
             "env_steps_per_s": result.metrics["perf/env_steps_per_s_overall"],
@@ -187,7 +178,10 @@ def measure_marlkit(steps: int, overrides: dict) -> dict:
 
 
 def marlkit_config_facts(overrides: dict) -> dict:
-    cfg = build_config("MAPPO", "mpe_spread", **overrides)
+    import torch
+
+    from marlkit.api import build_config
+    cfg = build_config("MAPPO", "mpe_spread", overrides=overrides)
     agent = cfg.agents["MAPPO"]
     return {"parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize,
             "continuous_actions": cfg.env.kwargs.get("continuous_actions"),
@@ -198,18 +192,13 @@ def marlkit_config_facts(overrides: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=100_000, help="env steps per training run")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating xuance / marlkit")
-    parser.add_argument("--skip-install", action="store_true", help="use benchmarks/.xuance-venv as it is")
-    parser.add_argument("--xuance-threads", type=int, default=None,
-                        help="torch threads for XuanCe (default: torch's own, as XuanCe leaves it; marlkit uses "
-                             "its runner.torch_threads, 1)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="marlkit config overrides, e.g. runner.parallels=64 agents.MAPPO.epochs=5")
-    parser.add_argument("--out", default=str(HERE / "results" / "vs_xuance.json"))
-    args = parser.parse_args()
-    overrides = parse_set(args.set)
+    p = harness.parser(__doc__, repeats=1)
+    p.add_argument("--steps", type=int, default=100_000, help="env steps per training run")
+    p.add_argument("--skip-install", action="store_true", help="use benchmarks/.xuance-venv as it is")
+    p.add_argument("--xuance-threads", type=int, default=None,
+                   help="torch threads for XuanCe (default: torch's own, as XuanCe leaves it; marlkit uses "
+                        "its runner.torch_threads, 1)")
+    args = harness.parse_args(p)
 
     if args.skip_install:
         if not VENV_PY.is_file():
@@ -220,41 +209,31 @@ def main() -> None:
         except SetupError as exc:
             sys.exit(str(exc))
 
-    runs: dict[str, list[dict]] = {"xuance": [], "marlkit": []}
     with tempfile.TemporaryDirectory() as tmp:
         helper = Path(tmp) / "xuance_mappo_mpe.py"
         helper.write_text(XUANCE_HELPER)
-        for r in range(args.repeats):
-            runs["xuance"].append(measure_xuance(args.steps, helper, args.xuance_threads))
-            runs["marlkit"].append(measure_marlkit(args.steps, overrides))
-            print(f"repeat {r + 1}/{args.repeats}: " + ", ".join(
-                f"{side} {rs[-1]['env_steps_per_s']:.0f} env-steps/s" for side, rs in runs.items()), flush=True)
+        runs, _ = harness.measure({"xuance": lambda: measure_xuance(args.steps, helper, args.xuance_threads),
+                                   "marlkit": lambda: measure_marlkit(args.steps, args.overrides)}, args.repeats)
 
-    med = {side: statistics.median(run["env_steps_per_s"] for run in rs) for side, rs in runs.items()}
+    import marlkit
+    med = {side: harness.median([run["env_steps_per_s"] for run in rs]) for side, rs in runs.items()}
     final_return = {side: rs[-1]["final_train_return"] for side, rs in runs.items()}
     ratio = med["marlkit"] / med["xuance"]
-    report = {
+    out = harness.write_results("vs_xuance", args, {
         "task": "MAPPO on MPE simple_spread_v3 (N=3, 25 steps), each library's default config",
         "xuance_version": XUANCE_VERSION, "marlkit_version": marlkit.__version__,
         "steps_per_measurement": args.steps, "repeats": args.repeats,
-        "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts(overrides)},
+        "config": {"xuance": runs["xuance"][0]["config"], "marlkit": marlkit_config_facts(args.overrides)},
         "marlkit_overrides": args.set,
         "samples_env_steps_per_s": {side: [run["env_steps_per_s"] for run in rs] for side, rs in runs.items()},
         "env_steps_done": {side: [run["env_steps"] for run in rs] for side, rs in runs.items()},
         "median_env_steps_per_s": med, "marlkit_over_xuance": ratio,
-        "final_train_return_last_run": final_return,
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2))
-
-    def fmt_return(value):
-        return "n/a" if value is None else f"{value:.2f}"
-    print(f"\n{'MAPPO, simple_spread_v3':<28}{'env-steps/s (median)':>22}{'final train return':>20}")
-    for side, label in (("xuance", f"XuanCe {XUANCE_VERSION}"), ("marlkit", "marlkit")):
-        print(f"{label:<28}{med[side]:>22.0f}{fmt_return(final_return[side]):>20}")
-    print(f"marlkit / xuance = {ratio:.2f}   ({args.steps} env steps x {args.repeats} per side; {args.out})")
+        "final_train_return_last_run": final_return})
+    harness.table(["MAPPO, simple_spread_v3", "env-steps/s (median)", "final train return"],
+                  [[f"XuanCe {XUANCE_VERSION}", med["xuance"], final_return["xuance"]],
+                   ["marlkit", med["marlkit"], final_return["marlkit"]]])
+    print(f"marlkit / xuance = {ratio:.2f}   ({args.steps} env steps x {args.repeats} per side; {out})")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

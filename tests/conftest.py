@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))   # the grid battle of scaling.py
+sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))   # benchmarks/grid_battle.py
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
@@ -25,10 +25,10 @@ def write_env_yaml(path: Path, factory: str, kwargs: dict | None = None, **secti
 
 @pytest.fixture
 def battle_yaml(tmp_path):
-    """The grid battle of ``benchmarks/scaling.py`` (teams ``red``, ``blue``; image views, agents
+    """The grid battle of ``benchmarks/grid_battle.py`` (teams ``red``, ``blue``; image views, agents
     dying) as an env YAML; keyword arguments add keys to its ``env`` section."""
     def make(n_agents: int = 4, max_cycles: int = 12, **env) -> str:
-        return write_env_yaml(tmp_path / "battle.yaml", "scaling:make_env",
+        return write_env_yaml(tmp_path / "battle.yaml", "grid_battle:make_env",
                               {"n_agents": n_agents, "max_cycles": max_cycles},
                               env={"groups": {"red": ["red_*"], "blue": ["blue_*"]}, **env})
     return make
