@@ -164,6 +164,7 @@ def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_na
         cluster.remove_node(_cluster_node(cluster, lost_node))
         res = venv.step(actions)
         assert venv.restarts == 1 and venv.nodes[0][0] not in (lost_node, venv.nodes[1][0])
+        np.testing.assert_array_equal(res.lost, [True, True, False, False])   # the runner learns nothing of it
         # the lost envs' episodes end truncated at the last observation seen, with no reward and no
         # episode report; fresh episodes follow; the other actor's envs went on
         np.testing.assert_array_equal(res.episode_end, [True, True, False, False])
@@ -192,8 +193,8 @@ def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_na
 
 
 def _marlkit(*args, env=None, timeout=60):
-    env = {**os.environ, **(env or {})}
-    env.pop("RAY_ADDRESS", None)
+    """A marlkit process; RAY_ADDRESS only where ``env`` gives it."""
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **(env or {})}
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
@@ -207,12 +208,61 @@ def test_a_run_without_an_address_starts_its_own_ray_beside_a_running_cluster(cl
     assert len(ray._private.state.jobs()) == jobs and len(_nodes_alive()) == nodes
 
 
+@pytest.mark.parametrize("how", ["RAY_ADDRESS", "runner.ray_address"])
+def test_a_run_given_a_cluster_joins_it_and_leaves_it_running(cluster, tmp_path, how):
+    """The cluster's address from the environment (ray_address null) or from the setting: the run
+    is one more job of that cluster, its envs on the cluster's nodes, and the nodes live on."""
+    jobs, nodes = len(ray._private.state.jobs()), len(_nodes_alive())
+    given = {"env": {"RAY_ADDRESS": cluster.address}} if how == "RAY_ADDRESS" else {}
+    setting = [] if how == "RAY_ADDRESS" else [f"runner.ray_address={cluster.address}"]
+    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=2",
+                   "runner.parallels=2", "runner.total_steps=100", "logger=none", "runner.progress=false",
+                   f"runner.run_root={tmp_path}", *setting, timeout=120, **given)
+    assert out.returncode == 0, out.stderr
+    assert len(ray._private.state.jobs()) == jobs + 1 and len(_nodes_alive()) == nodes
+
+
+def test_training_survives_a_lost_node_and_logs_the_restart(cluster, tiny):
+    """A node is removed while a run trains on the cluster: its envs restart on a spare node,
+    the run finishes its steps, and the restart is in its metrics."""
+    import threading
+    spare = cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+    cluster.wait_for_nodes()
+    removed = []
+
+    def remove_a_node_mid_run():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            live = [v for v in list(_LIVE) if isinstance(v, RayVectorEnv) and v.bytes_sent > 20_000]
+            if live:
+                node = live[0].nodes[0][0]
+                cluster.remove_node(_cluster_node(cluster, node))
+                removed.append(node)
+                return
+            time.sleep(0.05)
+
+    remover = threading.Thread(target=remove_a_node_mid_run, daemon=True)
+    remover.start()
+    try:
+        result = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{
+            **tiny, "runner.vectorize": "ray", "runner.workers": 2, "runner.parallels": 4, "runner.horizon": 25,
+            "runner.total_steps": 4000, "runner.log_interval": 100})
+        remover.join(5)
+        assert removed, "the run ended before a node could be removed"
+        assert result.steps == 4000 and result.metrics["env/worker_restarts"] == 1
+    finally:
+        for _ in range(3 - len(cluster.worker_nodes)):
+            cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+        cluster.wait_for_nodes()
+        del spare
+
+
 def test_a_bad_ray_address_fails_at_once_with_one_line(tmp_path):
     began = time.monotonic()
     out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
                    "runner.ray_address=127.0.0.1:1", f"runner.run_root={tmp_path}")
     assert time.monotonic() - began < 30
-    assert out.returncode != 0
+    assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "runner.ray_address" in lines[0] and "127.0.0.1:1" in lines[0] \
         and "ray start --head" in lines[0], out.stderr

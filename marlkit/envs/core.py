@@ -60,7 +60,10 @@ class StepResult:
     """One vector step. ``final`` holds, where ``episode_end`` is True, the last observation of the
     finished episode (needed to bootstrap truncated episodes); ``next`` is already the first
     observation of the new episode there. Likewise for single agents where ``agent_end`` is True.
-    When nothing ended, ``final`` is ``next`` itself (the same arrays): read both, write neither."""
+    When nothing ended, ``final`` is ``next`` itself (the same arrays): read both, write neither.
+    ``lost`` ``[E]`` (None: none) marks envs whose step was lost with the worker that hosted them
+    (a Ray node gone): their episode ends truncated at the observation the step was asked from, and
+    nothing of the step is real, so the runner does not learn from it."""
 
     next: Observation
     reward: dict[str, np.ndarray]
@@ -70,6 +73,7 @@ class StepResult:
     final: Observation
     infos: list[dict[str, Any]] = field(default_factory=list)
     agent_end: dict[str, np.ndarray] = field(default_factory=dict)
+    lost: np.ndarray | None = None
 
 
 class MultiAgentEnv:

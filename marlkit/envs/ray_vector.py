@@ -129,8 +129,12 @@ def connect(address: str | None) -> tuple[bool, object]:
         return True, _reap_with_this_process(ray)
     if address != "auto":
         _probe(address)
+    # a head on this machine's loopback (a cluster of this machine only) is joined as a node of it:
+    # found by the machine's outward IP, the driver would wait for a node of its own there
+    on_loopback = address.rpartition(":")[0] in (LOOPBACK, "localhost")
     try:
-        ray.init(address=address, **quiet)
+        with _loopback_node_ip() if on_loopback else contextlib.nullcontext():
+            ray.init(address=address, **({"_node_ip_address": LOOPBACK} if on_loopback else {}), **quiet)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"runner.ray_address: cannot join a Ray cluster at {address!r} ({first}); start one "
@@ -357,14 +361,19 @@ class RayVectorEnv(VectorEnv):
         for w, exc in lost.items():
             self._cut(w, self._restart(w, exc))
         result = self._finish(self.arrays, ended)
+        if lost:
+            result.lost = np.zeros(self.num_envs, bool)
         for w in lost:   # a cut episode is no episode: its return would be partial
+            result.lost[self.blocks[w]] = True
             for e in range(self.blocks[w].start, self.blocks[w].stop):
                 result.infos[e].pop("episode", None)
         return result
 
     def _cut(self, w: int, fresh: dict) -> None:
         """The lost step of worker ``w``'s envs: their episodes end truncated at the last observation
-        the runner saw, with no reward, and fresh episodes follow."""
+        the runner saw, with no reward, and fresh episodes follow (``StepResult.lost``: the runner
+        stores the step with no agent present, so the step before it bootstraps from that
+        observation and nothing is learned from the action that was lost)."""
         b, a = self.blocks[w], self.arrays.a
         for k in list(a):
             if k.startswith("final."):

@@ -51,8 +51,9 @@ class Collector:
             res = self.venv.step({g: out.actions for g, out in outs.items()})
             for g in self.learners:
                 out = outs[g]
+                present = obs.agent_mask[g] if res.lost is None else obs.agent_mask[g] & ~res.lost[:, None]
                 self.behaviours[g].store(Transition(
-                    obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], out.actions,
+                    obs.obs[g], obs.state, present, obs.action_mask[g], out.actions,
                     out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
                     res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
                     agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
