@@ -145,7 +145,7 @@ def test_an_image_state_gives_way_to_the_pooled_design_and_a_compact_one_stays()
     assert not compact.spec.state_from_obs and compact.spec.state_shape == (54,)
     concat = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25), state="concat")
     assert concat.spec.state_from_obs
-    from scaling import make_env as battle                                   # no state(): as auto
+    from grid_battle import make_env as battle                                  # no state(): as auto
     assert PettingZooEnv(battle(4), state="env").spec.state_shape == (20, 13, 13)
 
 

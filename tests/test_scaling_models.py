@@ -21,7 +21,7 @@ from marlkit.registry import get_agent
 from marlkit.spec import GroupSpec
 from toy_envs import ScriptedEnv
 
-from scaling import make_env
+from grid_battle import make_env
 
 TEAMS = {"red": ["red_*"], "blue": ["blue_*"]}
 
