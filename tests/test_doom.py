@@ -125,14 +125,17 @@ def _vars(**per_player) -> np.ndarray:
 
 
 def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart():
-    w = RewardWeights(kills=1.0, damage=0.01, deaths=-1.0, health=0.1, ammo=0.5)
-    before = _vars(KILLCOUNT=[3, 3], DAMAGECOUNT=[0, 40], DEATHCOUNT=[0, 0], HEALTH=[100, 30], AMMO2=[10, 10])
-    after = _vars(KILLCOUNT=[5, 5], DAMAGECOUNT=[30, 40], DEATHCOUNT=[0, 1], HEALTH=[90, 100], AMMO2=[8, 50])
+    w = RewardWeights(kills=1.0, team_kills=0.5, damage=0.01, deaths=-1.0, health=0.1, ammo=0.5)
+    before = _vars(KILLCOUNT=[3, 3], KILLS=[2, 0], DAMAGECOUNT=[0, 40], DEATHCOUNT=[0, 0], HEALTH=[100, 30],
+                   AMMO2=[10, 10])
+    after = _vars(KILLCOUNT=[6, 6], KILLS=[4, 0], DAMAGECOUNT=[30, 40], DEATHCOUNT=[0, 1], HEALTH=[90, 100],
+                  AMMO2=[8, 50])
     player, shared = reward_parts(before, after, w)
-    assert shared == 2.0                                    # two monsters died: the whole team's reward
-    # player 0: 30 damage dealt, lost 10 health, spent 2 ammo; player 1 died (its health and ammo
-    # jumped back to their start values on respawn, which is no reward)
-    np.testing.assert_allclose(player, [0.3 - 1.0 - 1.0, -1.0], rtol=1e-6)
+    assert shared == 0.5 * 2                                # the team's kills: player 0's two; the level's third
+    # player 0: 2 kills of its own, 30 damage dealt, lost 10 health, spent 2 ammo; player 1 died
+    # (its health and ammo jumped back to their start values on respawn, which is no reward)
+    np.testing.assert_allclose(player, [2.0 + 0.3 - 1.0 - 1.0, -1.0], rtol=1e-6)
+    assert player_stats(after[0], before[0])["kills"] == 2 and player_stats(after[0], before[0])["level_kills"] == 3
     # the engine's odd health reading of a dead player is clipped
     dead = _vars(HEALTH=[-999900, 100], DEAD=[1, 0])
     player, _ = reward_parts(dead, _vars(HEALTH=[-999900, 100], DEAD=[1, 0]), w)
@@ -144,7 +147,7 @@ def test_rewards_in_a_real_game_add_up_to_the_game_variables():
     """Every step's reward is the player's part plus the shared part, the shared part is the same for
     everyone, and over an episode they add up to the changes in the counters seen in info and in
     the ammo of every kind (a player walking over a box of shells gains ammo of another weapon)."""
-    w = RewardWeights(kills=1.0, damage=0.01, deaths=-1.0, health=0.0, ammo=0.5)
+    w = RewardWeights(kills=1.0, team_kills=0.5, damage=0.01, deaths=-1.0, health=0.0, ammo=0.5)
     env = DoomCoopEnv(players=2, actions=ACTIONS, reward=w, **SHORT)
     try:
         _, infos = env.reset(seed=0)
@@ -161,11 +164,11 @@ def test_rewards_in_a_real_game_add_up_to_the_game_variables():
                 assert rewards[a] == pytest.approx(infos[a]["reward_player"] + infos[a]["reward_shared"])
                 totals[a] += rewards[a]
         ammo = env._vars[:, AMMO].sum(1) - first_ammo
+        d = {a: {k: infos[a][k] - first[a][k] for k in ("kills", "damage", "deaths")} for a in env.possible_agents}
+        assert shared_total == pytest.approx(0.5 * sum(d[a]["kills"] for a in env.possible_agents))
         for i, a in enumerate(env.possible_agents):
-            d = {k: infos[a][k] - first[a][k] for k in ("kills", "damage", "deaths")}
-            assert shared_total == pytest.approx(d["kills"])
-            assert d["deaths"] == 0   # a respawn refills ammo, which the reward leaves out: not this test's case
-            assert totals[a] - shared_total == pytest.approx(0.01 * d["damage"] + 0.5 * ammo[i])
+            assert d[a]["deaths"] == 0   # a respawn refills ammo, which the reward leaves out: not this test's case
+            assert totals[a] - shared_total == pytest.approx(d[a]["kills"] + 0.01 * d[a]["damage"] + 0.5 * ammo[i])
         assert totals["player_0"] - shared_total < 0          # firing cost ammo: the player part saw it
         assert env.last_episode["player_0"]["ammo"] == infos["player_0"]["ammo"]
     finally:
@@ -206,7 +209,7 @@ def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
             assert max(step for step, *_ in ended.values()) < 2100 // env.cfg.frame_skip
             assert env.last_episode["player_1"]["deaths"] == 1
             stats = env.episode_stats()     # the team's numbers, as the runner logs them
-            assert stats["deaths"] == 2 and stats["kills"] == env.last_episode["player_0"]["kills"]
+            assert stats["deaths"] == 2 and stats["kills"] == sum(p["kills"] for p in env.last_episode.values())
             assert stats["hits"] == sum(p["hits"] for p in env.last_episode.values())
     finally:
         env.close()
@@ -214,28 +217,62 @@ def test_without_respawn_a_dead_player_is_out_until_the_last_one_dies():
 
 def test_the_kill_that_ends_an_episode_is_rewarded():
     """basic.cfg's level ends when its one monster dies; ViZDoom has no state after the end, yet the
-    kill must reach the reward, once, and the episode's stats. The level ends in the step of the
-    kill or in the next one (the end can fall a tic after the kill, past the step's frame skip)."""
+    kill must reach its killer's reward, once, and the episode's stats. The level ends in the step
+    of the kill or in the next one (the end can fall a tic after the kill, past the step's frame skip)."""
     env = DoomCoopEnv(scenario="basic.cfg", players=2, respawn=False, buttons=["ATTACK", "MOVE_LEFT", "MOVE_RIGHT"],
-                      actions=[[], ["ATTACK"], ["MOVE_LEFT"], ["MOVE_RIGHT"]], episode_timeout=300)
+                      actions=[[], ["ATTACK"], ["MOVE_LEFT"], ["MOVE_RIGHT"]], episode_timeout=300,
+                      reward=RewardWeights(kills=1.0, damage=0.0, deaths=0.0))   # the reward is the player's kills
     rng = np.random.default_rng(0)
     try:
         env.reset(seed=100)   # an episode cut from outside (a step limit) while players are in it
         env.step({a: 0 for a in env.agents})
         assert env.agents and env.episode_stats() == {"kills": 0.0, "deaths": 0.0, "damage": 0.0, "hits": 0.0,
-                                                      "restarts": 0.0}
+                                                      "kills_player_0": 0.0, "kills_player_1": 0.0,
+                                                      "level_kills": 0.0, "restarts": 0.0}
         for episode in range(80):   # random play kills in about 9 episodes of 10
             env.reset(seed=episode)
-            shared = {a: 0.0 for a in env.agents}
+            paid = {a: 0.0 for a in env.agents}
             while env.agents:
                 _, rewards, term, _, infos = env.step({a: int(rng.integers(4)) for a in env.agents})
-                for a in infos:
-                    shared[a] += infos[a]["reward_shared"]
+                for a in rewards:
+                    paid[a] += rewards[a]
             if all(term.values()):   # the monster died: the level ended
                 break
         else:
             pytest.fail("no episode of 80 ended with the kill")
-        assert shared == {"player_0": 1.0, "player_1": 1.0} and env.episode_stats()["kills"] == 1
+        stats = env.episode_stats()
+        killer = max(env.possible_agents, key=lambda a: stats[f"kills_{a}"])
+        assert stats["kills"] == stats["level_kills"] == stats[f"kills_{killer}"] == 1
+        assert paid[killer] == 1.0 and sum(paid.values()) == 1.0
+    finally:
+        env.close()
+
+
+def test_each_player_is_credited_with_its_own_kills_and_infighting_with_none():
+    """defend_the_center without respawns: player_0 turns and fires, player_1 never fires; every
+    kill of the team is player_0's. deathmatch.cfg with both players idle: the monsters kill each
+    other, which the level counts and no player is credited with (an idle player's only kills are
+    telefrags, on a respawn onto a monster)."""
+    fire = {"buttons": ["ATTACK", "TURN_LEFT"], "actions": [[], ["TURN_LEFT", "ATTACK"]]}
+    env = DoomCoopEnv(scenario="defend_the_center.cfg", players=2, respawn=False, episode_timeout=1050, **fire)
+    try:
+        for episode in range(2):
+            env.reset(seed=episode)
+            while env.agents:
+                env.step({a: int(a == "player_0") for a in env.agents})
+            stats = env.episode_stats()
+            assert stats["kills_player_0"] > 0 and stats["kills_player_1"] == 0, stats
+            assert stats["kills"] == stats["kills_player_0"] and stats["level_kills"] >= stats["kills"]
+    finally:
+        env.close()
+    env = DoomCoopEnv(scenario="deathmatch.cfg", players=2, episode_timeout=2100, **fire)
+    try:
+        env.reset(seed=0)
+        while env.agents:
+            _, _, _, _, infos = env.step({a: 0 for a in env.agents})
+        stats = env.episode_stats()
+        assert stats["damage"] == 0 and stats["level_kills"] - stats["kills"] >= 5, stats
+        assert all(stats[f"kills_{a}"] <= infos[a]["deaths"] for a in env.possible_agents), (stats, infos)
     finally:
         env.close()
 

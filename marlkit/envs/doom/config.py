@@ -39,6 +39,8 @@ class DoomConfig(EnvConfig):
     host_args: list[str] = field(default_factory=list)   # extra engine arguments for the host, e.g. +timelimit 1
     add_starts: bool = True                   # give single-player maps a start per player (coop_starts.py)
     fresh_inventory: bool = True              # every episode starts with the map's inventory and health (coop_starts.py)
+    own_kills: bool = True                    # count each player's own kills (kill_credit.py); false: every
+                                              # player's kills are the level's count (infighting included)
     start_spacing: float = field(default=64.0, metadata=_range(16.0))   # map units between added starts
 
     def __post_init__(self):

@@ -1,4 +1,5 @@
-"""The co-op copy of a scenario's WAD: a start per player, and a fresh inventory every episode.
+"""The co-op copy of a scenario's WAD: a start per player, a fresh inventory every episode, and
+each player's own kills counted (``kill_credit.py``).
 
 Most ViZDoom scenarios are single-player maps: one player start, no deathmatch starts. In a co-op
 game ZDoom then puts every player on that one spot, and a respawning player kills whoever stands
@@ -29,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 from marlkit.config import ConfigError
+from marlkit.envs.doom.kill_credit import kill_credit_lumps
 
 PLAYER_START_TYPES = [1, 2, 3, 4, 4001, 4002, 4003, 4004]   # editor numbers of player 1..8 starts
 DEATHMATCH_START = 11
@@ -118,11 +120,11 @@ def fresh_inventory_mapinfo(doom_map: str) -> bytes:
 
 
 def coop_wad(wad: bytes, doom_map: str, players: int, spacing: float, add_starts: bool = True,
-             fresh_inventory: bool = True, map_from: str = "env.doom_map") -> bytes | None:
-    """``wad`` with the missing starts added to ``doom_map`` (``add_starts``; UDMF maps only) and
-    a MAPINFO that resets inventory and health every episode (``fresh_inventory``; unless the
-    WAD has a MAPINFO); None when nothing changes. ``map_from`` says where the map's name came
-    from, for the error."""
+             fresh_inventory: bool = True, map_from: str = "env.doom_map", own_kills: bool = False) -> bytes | None:
+    """``wad`` with the missing starts added to ``doom_map`` (``add_starts``; UDMF maps only), a
+    MAPINFO that resets inventory and health every episode (``fresh_inventory``; unless the WAD
+    has a MAPINFO) and each player's own kills counted (``own_kills``: ``kill_credit.py``); None
+    when nothing changes. ``map_from`` says where the map's name came from, for the error."""
     lumps = read_wad(wad)
     names = [n.upper() for n, _ in lumps]
     if doom_map.upper() not in names:
@@ -139,11 +141,15 @@ def coop_wad(wad: bytes, doom_map: str, players: int, spacing: float, add_starts
     if fresh_inventory and not {"MAPINFO", "ZMAPINFO"} & set(names):
         lumps.insert(0, ("MAPINFO", fresh_inventory_mapinfo(doom_map)))
         changed = True
+    if own_kills:   # after the WAD's own DECORATE, whose monsters get the hook too
+        decorate = "\n".join(data.decode("latin-1") for name, data in lumps if name.upper() == "DECORATE")
+        lumps += kill_credit_lumps(decorate)
+        changed = True
     return write_wad(lumps) if changed else None
 
 
 def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing: float,
-                      add_starts: bool = True, fresh_inventory: bool = True) -> str | None:
+                      add_starts: bool = True, fresh_inventory: bool = True, own_kills: bool = False) -> str | None:
     """Path of the co-op copy of the scenario's WAD (see :func:`coop_wad`), or None when its
     map needs no change. The copy lives in a per-user cache named by its content, so envs and
     runs share it and nothing accumulates."""
@@ -154,7 +160,8 @@ def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing
     map_from = "env.doom_map" if doom_map else f"doom_map of {cfg_path}"
     doom_map = doom_map or read_cfg_value(cfg_path, "doom_map") or "map01"
     try:
-        patched = coop_wad(wad_path.read_bytes(), doom_map, players, spacing, add_starts, fresh_inventory, map_from)
+        patched = coop_wad(wad_path.read_bytes(), doom_map, players, spacing, add_starts, fresh_inventory, map_from,
+                           own_kills)
     except ValueError as exc:   # not a WAD
         raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts: false and "
                           "env.fresh_inventory: false to give it to the engine as it is") from None

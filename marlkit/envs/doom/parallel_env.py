@@ -56,13 +56,13 @@ class DoomCoopEnv(ParallelEnv):
         else:
             self.state_space = spaces.Box(-np.inf, np.inf, (cfg.players * STATE_FEATURES + 1,), np.float32)
         scenario = cfg.scenario_path()
-        wad = coop_scenario_wad(scenario, cfg.doom_map, cfg.players, cfg.start_spacing, cfg.add_starts,
-                                cfg.fresh_inventory) if cfg.players > 1 else None
+        wad = coop_scenario_wad(scenario, cfg.doom_map, cfg.players, cfg.start_spacing, cfg.add_starts and cfg.players > 1,
+                                cfg.fresh_inventory and cfg.players > 1, cfg.own_kills)
         settings = PlayerSettings(player=0, players=cfg.players, port=0, config=scenario, wad=wad, work_dir="",
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
                                   episode_start_time=cfg.episode_start_time, respawn=cfg.respawn,
-                                  host_args=list(cfg.host_args))
+                                  own_kills=cfg.own_kills, host_args=list(cfg.host_args))
         self.match = DoomMatch(settings, name=f"env {index}",
                                port=None if cfg.port is None else cfg.port + index,
                                timeout=cfg.player_timeout, start_timeout=cfg.start_timeout)
@@ -161,15 +161,16 @@ class DoomCoopEnv(ParallelEnv):
         return {a: player_stats(self._vars[i], self._start[i]) for i, a in enumerate(self.possible_agents)}
 
     def episode_stats(self) -> dict[str, float]:
-        """The team's numbers for the episode that just ended: monsters killed (the level's count),
-        and deaths, damage dealt and hits summed over the players; plus the match restarts of
-        this env so far. An episode cut from outside (a wrapper's step limit) ends while players
-        are still in it: its numbers are the ones so far."""
+        """The team's numbers for the episode that just ended: ``kills``, deaths, damage dealt and
+        hits summed over the players, each player's own kills (``kills_player_<i>``), the level's
+        count of dead monsters (``level_kills``: monsters killed by monsters too), and the match
+        restarts of this env so far. An episode cut from outside (a wrapper's step limit) ends
+        while players are still in it: its numbers are the ones so far."""
         last = self._stats_now() if self.agents else self.last_episode
         players = last.values()
-        return {"kills": float(last["player_0"]["kills"]),
-                **{k: float(sum(p[k] for p in players)) for k in ("deaths", "damage", "hits")},
-                "restarts": float(self.restarts)}
+        return {**{k: float(sum(p[k] for p in players)) for k in ("kills", "deaths", "damage", "hits")},
+                **{f"kills_{a}": float(p["kills"]) for a, p in last.items()},
+                "level_kills": float(last["player_0"]["level_kills"]), "restarts": float(self.restarts)}
 
     def _restart_or_raise(self, exc: DoomPlayerError) -> None:
         if not self.cfg.restart_on_failure:

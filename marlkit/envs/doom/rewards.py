@@ -1,10 +1,11 @@
 """Rewards from changes in game variables, split into a per-player and a shared part.
 
-Measured in co-op games: ``DAMAGECOUNT`` (damage dealt), ``DEATHCOUNT``, ``HEALTH`` and ammo are
-each player's own, while ``KILLCOUNT`` is the level's count of dead monsters and reads the same for
-every player (kills by monster infighting included), so kills are a team reward. ViZDoom's own
-reward settings are not used: its death penalty is charged on every tic a player is dead, and its
-kill reward and the scenarios' script rewards are shared the same way.
+Per player: its own kills (``KILLS``, counted by the co-op WAD copy: ``kill_credit.py``), damage
+dealt (``DAMAGECOUNT``), deaths (``DEATHCOUNT``), health and ammo. Shared by the team: the kills of
+every player (``team_kills``). ``KILLCOUNT``, the level's count of dead monsters, reads the same
+for every player and counts monsters killed by monsters too: it is reported (``level_kills``),
+never rewarded. ViZDoom's own reward settings are not used: its death penalty is charged on every
+tic a player is dead, and its kill reward and the scenarios' script rewards are shared the same way.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ AMMO = [_I[f"AMMO{k}"] for k in (2, 3, 5, 6)]
 class RewardWeights:
     """Reward per unit change of a game variable over one step."""
 
-    kills: float = 1.0      # shared: each monster killed by anyone (team KILLCOUNT)
+    kills: float = 1.0      # per player: each monster it killed
+    team_kills: float = 0.0  # shared: each monster killed by any player of the team
     damage: float = 0.01    # per player: damage dealt, per hit point
     deaths: float = -1.0    # per player: each death
     health: float = 0.0     # per player: health gained (lost when negative), while alive
@@ -33,14 +35,14 @@ class RewardWeights:
 
 def player_stats(v: np.ndarray, start: np.ndarray) -> dict[str, float]:
     """One player's numbers for ``info``, from its game variables now (``v``) and at the episode's
-    start (``start``). The counters (kills, deaths, damage, hits) are episode totals: in a network
-    game DEATHCOUNT, DAMAGECOUNT and HITCOUNT run on over the whole match (measured), KILLCOUNT
-    restarts with each episode."""
+    start (``start``). The counters (kills, level_kills, deaths, damage, hits) are episode totals:
+    in a network game DEATHCOUNT, DAMAGECOUNT, HITCOUNT and the kill credit run on over the whole
+    match (measured), KILLCOUNT restarts with each episode."""
     count = lambda name: float(v[_I[name]] - start[_I[name]])  # noqa: E731
     return {"health": float(v[_I["HEALTH"]]), "armor": float(v[_I["ARMOR"]]),
-            "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": count("KILLCOUNT"),
-            "deaths": count("DEATHCOUNT"), "damage": count("DAMAGECOUNT"), "hits": count("HITCOUNT"),
-            "dead": bool(v[_I["DEAD"]])}
+            "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": count("KILLS"),
+            "level_kills": count("KILLCOUNT"), "deaths": count("DEATHCOUNT"), "damage": count("DAMAGECOUNT"),
+            "hits": count("HITCOUNT"), "dead": bool(v[_I["DEAD"]])}
 
 
 def died(before: np.ndarray, after: np.ndarray) -> np.ndarray:
@@ -59,9 +61,9 @@ def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tup
     # HEALTH has been seen to read -999900 for a dead player; clip before taking the change.
     health = np.clip(after[:, _I["HEALTH"]], 0, 200) - np.clip(before[:, _I["HEALTH"]], 0, 200)
     ammo = after[:, AMMO].sum(1) - before[:, AMMO].sum(1)
-    player = (w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
+    player = (w.kills * d[:, _I["KILLS"]] + w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
               + np.where(alive, w.health * health + w.ammo * ammo, 0.0))
-    shared = w.kills * float(d[0, _I["KILLCOUNT"]])
+    shared = w.team_kills * float(d[:, _I["KILLS"]].sum())
     return player.astype(np.float32), shared
 
 

@@ -17,7 +17,7 @@ Lockstep: in a network game every engine needs every peer's input for each tic, 
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-This module imports neither torch nor marlkit beyond its sentinel (a spawned worker still imports the
+This module imports neither torch nor marlkit beyond its sentinel and kill credit (a spawned worker still imports the
 ``marlkit.envs`` package on the way here, but not torch or the agents).
 """
 from __future__ import annotations
@@ -30,13 +30,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marlkit.envs.doom.kill_credit import kills_variable
 from marlkit.envs.sentinel import kill_when_gone
 
 TICS_PER_BARRIER = 2
-VARIABLES = ["KILLCOUNT", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
+VARIABLES = ["KILLCOUNT", "KILLS", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
              "DAMAGE_TAKEN", "DEAD", "POSITION_X", "POSITION_Y", "ANGLE",
              *(f"AMMO{i}" for i in range(10))]
-"""Game variables every player reports, in this order (rewards, info and the global state use them)."""
+"""Game variables every player reports, in this order (rewards, info and the global state use them).
+``KILLCOUNT`` is the level's count of dead monsters, the same for every player; ``KILLS`` the
+player's own kills (``kill_credit.py``; the level's count again where the WAD does not count them)."""
 
 
 @dataclass
@@ -57,6 +60,7 @@ class PlayerSettings:
     episode_timeout: int | None = None
     episode_start_time: int = 70      # tics played before an episode's first observation
     respawn: bool = True              # dead players come back (after 2 tics) or stay out of the episode
+    own_kills: bool = True            # the WAD counts each player's kills (kill_credit.py)
     host_args: list[str] = field(default_factory=list)
     join_args: list[str] = field(default_factory=list)
     connect_timeout: int = 10
@@ -102,7 +106,7 @@ def build_game(s: PlayerSettings):
     game.set_screen_format(vzd.ScreenFormat.GRAY8 if s.grayscale else vzd.ScreenFormat.CRCGCB)
     if s.buttons:
         game.set_available_buttons([getattr(vzd.Button, b) for b in s.buttons])
-    game.set_available_game_variables(game_variables(vzd))
+    game.set_available_game_variables(game_variables(vzd, s.player if s.own_kills else None))
     if s.episode_timeout is not None:
         game.set_episode_timeout(s.episode_timeout)
     game.set_episode_start_time(s.episode_start_time)
@@ -123,9 +127,11 @@ def build_game(s: PlayerSettings):
     return game
 
 
-def game_variables(vzd) -> list:
-    """The ``vizdoom.GameVariable`` of each name in ``VARIABLES``, in that order."""
-    return [getattr(vzd.GameVariable, v) for v in VARIABLES]
+def game_variables(vzd, player: int | None = None) -> list:
+    """The ``vizdoom.GameVariable`` of each name in ``VARIABLES``, in that order; ``KILLS`` is
+    ``player``'s own kills (None: the level's count)."""
+    own = kills_variable(player) if player is not None else "KILLCOUNT"
+    return [getattr(vzd.GameVariable, own if v == "KILLS" else v) for v in VARIABLES]
 
 
 class _Player:
@@ -136,7 +142,7 @@ class _Player:
         self.variables = np.zeros(len(VARIABLES), np.float64)
         self.n_buttons = game.get_available_buttons_size()
         import vizdoom as vzd
-        self.game_variables = game_variables(vzd)
+        self.game_variables = game_variables(vzd, s.player if s.own_kills else None)
 
     def observe(self) -> tuple:
         """(screen ``[H, W]`` gray or ``[3, H, W]`` RGB, variables, episode finished, time limit
