@@ -250,10 +250,12 @@ def test_hung_worker_is_terminated_and_its_env_children_closed(tmp_path):
 
 def test_resume_with_another_worker_count_is_exact(tiny):
     import marlkit
-    common = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300}
-    full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{**common, "runner.total_steps": 600})
+    # env workers, so collection overlaps the update in all three runs
+    common = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300,
+              "runner.vectorize": "subprocess"}
+    full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{**common, "runner.total_steps": 600,
+                                                                   "runner.workers": 4})
     half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=2, **{**common, "runner.total_steps": 300,
-                                                                   "runner.vectorize": "subprocess",
                                                                    "runner.workers": 2})
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.workers": 3})
     assert resumed.episode_returns == full.episode_returns
