@@ -1,7 +1,7 @@
 """Training vs random-action stepping through the same vector env, for any packaged env or env YAML.
 
     python benchmarks/throughput.py [--env mpe_spread|PATH.yaml] [--agent MAPPO [COMA ...]] [--steps 100000]
-                                    [--parallels 16] [--vectorize sync] [--repeats 3] [--set KEY=VALUE ...]
+                                    [--parallels E] [--vectorize V] [--repeats 3] [--set KEY=VALUE ...]
                                     [--tag NAME]
     python benchmarks/throughput.py --whole-process [--agent MAPPO] [--steps 100000] [--repeats 3] [--set ...]
 
@@ -62,11 +62,12 @@ def compare(args, runner: dict) -> None:
     samples, med = harness.measure(sides, args.repeats)
     harness.write_results("throughput", args, {
         "env": args.env, "agent": args.agent[0] if len(args.agent) == 1 else args.agent,
-        "parallels": args.parallels, "vectorize": args.vectorize, "overrides": args.set,
+        "parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize, "overlap": cfg.runner.overlapped(),
+        "overrides": args.set,
         "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": samples,
         "median_env_steps_per_s": med, "train_over_raw": med["train"] / med["raw"],
         **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}} if len(trains) > 1 else {})})
-    vec = f"x{args.parallels} ({args.vectorize})"
+    vec = f"x{cfg.runner.parallels} ({cfg.runner.vectorize}{', overlap' if cfg.runner.overlapped() else ''})"
     rows = [["bare mpe2, 1 env, random", med["bare_mpe2"], None]] if "bare_mpe2" in med else []
     rows.append([f"raw vector env {vec}, random", med["raw"], None])
     rows += [[f"{agent} training {vec}", med[key], med[key] / med["raw"]] for agent, key in trains.items()]
@@ -89,7 +90,7 @@ def whole_process(args, runner: dict) -> None:
             "marlkit": [sys.executable, "-m", "marlkit", "--agent", args.agent[0], "--env", "mpe_spread",
                         "--logger", "none", "--set", f"runner.total_steps={n}", "runner.progress=false",
                         f"runner.run_root={root}", f"runner.save_interval={10 ** 9}",
-                        f"runner.parallels={args.parallels}", f"runner.vectorize={args.vectorize}", *args.set],
+                        *(f"{k}={v}" for k, v in runner.items()), *args.set],
             "bare": [sys.executable, str(Path(__file__).resolve()), "--bare-loop", str(n)]}
         wall, med = harness.measure({side: lambda cmd=cmd: harness.time_process(cmd) for side, cmd in commands.items()},
                                     args.repeats)
@@ -97,12 +98,14 @@ def whole_process(args, runner: dict) -> None:
     med_rate = {side: harness.median(r) for side, r in rates.items()}
     harness.write_results("throughput", args, {
         "mode": "whole_process", "env_steps": n, "repeats": args.repeats, "overrides": args.set,
+        "parallels": cfg.runner.parallels, "vectorize": cfg.runner.vectorize, "overlap": cfg.runner.overlapped(),
         "commands": {side: " ".join(cmd).replace(root, "<tmp>").replace(sys.executable, "python")
                      .replace(f"{Path(__file__).resolve().parent.parent}/", "") for side, cmd in commands.items()},
         "wall_s": wall, "median_wall_s": med, "env_steps_per_s": rates, "median_env_steps_per_s": med_rate,
         "marlkit_over_bare": med_rate["marlkit"] / med_rate["bare"]})
     harness.table(["whole process", "wall s (median)", "env-steps/s (median)"],
-                  [[f"marlkit {args.agent[0]} training x{args.parallels}", med["marlkit"], med_rate["marlkit"]],
+                  [[f"marlkit {args.agent[0]} training x{cfg.runner.parallels} ({cfg.runner.vectorize})", med["marlkit"],
+                    med_rate["marlkit"]],
                    ["bare mpe2 loop, 1 env, random", med["bare"], med_rate["bare"]]])
     print(f"marlkit / bare = {med_rate['marlkit'] / med_rate['bare']:.2f} ({n} env steps each)")
 
@@ -112,8 +115,9 @@ def main() -> None:
     p.add_argument("--env", default="mpe_spread", help="packaged env name or env YAML path")
     p.add_argument("--agent", nargs="+", default=["MAPPO"], help="one or more agents, trained in turn each repeat")
     p.add_argument("--steps", type=int, default=100_000, help="env steps per measurement")
-    p.add_argument("--parallels", type=int, default=16)
-    p.add_argument("--vectorize", default="sync", choices=["sync", "subprocess"])
+    p.add_argument("--parallels", type=int, help="runner.parallels (default: the env's config)")
+    p.add_argument("--vectorize", choices=["sync", "subprocess", "auto", "ray"],
+                   help="runner.vectorize (default: the env's config)")
     p.add_argument("--whole-process", action="store_true", help="time whole processes: marlkit vs a bare loop")
     p.add_argument("--bare-loop", type=int, metavar="N", help="(the bare side of --whole-process) step N times, exit")
     args = p.parse_args() if "--bare-loop" in sys.argv else harness.parse_args(p)
@@ -122,7 +126,8 @@ def main() -> None:
         return
     import torch
     torch.set_num_threads(1)
-    runner = {"runner.parallels": args.parallels, "runner.vectorize": args.vectorize}
+    runner = {k: v for k, v in (("runner.parallels", args.parallels), ("runner.vectorize", args.vectorize))
+              if v is not None}
     (whole_process if args.whole_process else compare)(args, runner)
 
 

@@ -50,7 +50,7 @@ def _run(case: str, root: Path) -> dict:
     result = marlkit.run(agent=agent, env=env, seed=5, **{
         "runner.run_root": str(root / "runs"), "runner.progress": False, "logger": "none",
         "runner.parallels": 2, "runner.horizon": 10, "runner.total_steps": 60, "runner.save_interval": 60,
-        **extra})
+        "runner.vectorize": "sync", **extra})   # collection and update take turns, as when the runs were made
     modules = torch.load(result.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
     metrics = {k: v for k, v in result.metrics.items() if not k.startswith("perf/")}
     return {"modules": modules, "metrics": metrics, "episode_returns": result.episode_returns}

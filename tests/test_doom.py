@@ -473,6 +473,10 @@ def test_a_doom_benchmark_reports_the_random_policy_with_its_kills(tmp_path, cap
     assert set(baseline["mean"]) == set(baseline["std"]) == set(report["final"]["mean"])
     assert {"kills", "deaths"} <= set(baseline["env"]) and baseline["env"]["kills"] >= 0
     assert baseline == result.baseline
-    out = capsys.readouterr().out
-    assert "random" in next(line for line in out.splitlines() if "eval return of group" in line)
+    out = capsys.readouterr().out.splitlines()
+    assert "random" in next(line for line in out if "eval return of group" in line)
+    # the team's kills beside the return: random, final, at best.pt
+    kills = next(line for line in out if line.split()[:1] == ["kills"]).split()
+    assert [float(v) for v in kills[1:]] == [baseline["env"]["kills"], report["final"]["env"]["kills"],
+                                             report["best"]["env"]["kills"]]
     assert (result.run_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"

@@ -116,6 +116,14 @@ def test_cnn_fits_small_and_large_images(shape, convs, out_side):
     assert cnn.encode(x).shape == (2, 32)
 
 
+def test_cnn_channels_set_the_convolutions_widths_and_a_wrong_list_is_named():
+    cnn = CNN((4, 30, 80), ModelConfig(name="cnn", hidden_sizes=[64], kwargs={"channels": [16, 32, 24]}))
+    assert [m.out_channels for m in cnn.conv if isinstance(m, torch.nn.Conv2d)] == [16, 32, 24]
+    assert cnn.encode(torch.zeros(2, 4, 30, 80, dtype=torch.uint8)).shape == (2, 64)
+    with pytest.raises(ConfigError, match=r"kwargs.channels=\[16, 32\] must give 3 positive widths.*\[32, 64, 64\]"):
+        CNN((4, 30, 80), ModelConfig(name="cnn", kwargs={"channels": [16, 32]}))
+
+
 def test_too_small_image_fails_before_training_naming_model_and_shape(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({"description": "6x6 images", "env": {

@@ -39,6 +39,8 @@ class CNN(Encoder):
     channels-last, ``(4, 84, 84)`` channels-first); ``kwargs: {channels_last: true|false}``
     decides when the shape cannot. Kernels and strides follow the image size (``LAYOUTS``): from
     Nature-DQN's 8/4, 4/2, 3/1 at 84x84 and up, down to two 3x3 convolutions at 7x7.
+    ``kwargs: {channels: [16, 32, 32]}`` sets the convolutions' widths (one per convolution of
+    the layout; a CPU pays for every channel in every step and every epoch).
     """
 
     spec_kwargs = ("channels_last",)
@@ -57,6 +59,13 @@ class CNN(Encoder):
             raise ConfigError(f"model 'cnn' cannot take shape {input_shape} "
                               f"({'channels-last' if self.channels_last else 'channels-first'}): {exc}; "
                               "use model 'mlp', or set kwargs.channels_last if the layout was misread") from None
+        widths = cfg.kwargs.get("channels")
+        if widths is not None:
+            if len(widths) != len(layers) or not all(isinstance(n, int) and n > 0 for n in widths):
+                raise ConfigError(f"model 'cnn': kwargs.channels={widths!r} must give {len(layers)} positive widths, "
+                                  f"one per convolution of its layout for {h}x{w} images "
+                                  f"({[out for out, _, _ in layers]} by default)")
+            layers = [(n, kernel, stride) for n, (_, kernel, stride) in zip(widths, layers)]
         act = ACTIVATIONS[cfg.activation]
         convs: list[nn.Module] = []
         for out, kernel, stride in layers:

@@ -29,6 +29,14 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     for g in (best["mean"] if best else {}):
         random = f"{baseline['mean'][g]:>12.3f}" if baseline and g in baseline["mean"] else f"{'-':>12}"
         print(f"  {g:<22}{random}{evals[-1]['mean'][g]:>12.3f}{best['mean'][g]:>12.3f}")
+    # the env's own numbers per episode (Doom's kills, a turn-based game's wins), where it counts any
+    stats = evals[-1].get("env", {}) if evals else {}
+    if stats:
+        print(f"  {'env statistic':<22}{'random':>12}{'final':>12}{'at best.pt':>12}")
+    for k, v in stats.items():
+        random = f"{baseline['env'][k]:>12.3f}" if baseline and k in baseline.get("env", {}) else f"{'-':>12}"
+        at_best = f"{best['env'][k]:>12.3f}" if k in best.get("env", {}) else f"{'-':>12}"
+        print(f"  {k:<22}{random}{v:>12.3f}{at_best}")
     if best:
         print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric)")
     print(f"  report: {result.run_dir / 'benchmark.json'}")
