@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -47,3 +48,18 @@ def tiny(tmp_path):
     return {"runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "logger": "none",
             "runner.parallels": 2, "runner.horizon": 10, "runner.total_steps": 40,
             "runner.eval_episodes": 2, "runner.eval_parallels": 2, "runner.eval_interval": 20}
+
+
+def assert_same_training(a, b, group: str = "agents") -> None:
+    """Two runs (``RunResult``) trained alike, bit for bit: steps, metrics (timings aside), episode
+    returns and the weights in their ``latest.pt``."""
+    assert a.steps == b.steps
+    for key, value in a.metrics.items():
+        if not key.startswith("perf/"):
+            assert b.metrics[key] == value, key
+    assert a.episode_returns == b.episode_returns
+    wa = torch.load(a.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    wb = torch.load(b.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)

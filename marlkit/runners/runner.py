@@ -324,59 +324,17 @@ class Runner:
         learner = Learner(self.agents, learners, background=overlap)
         bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
                    dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
-        last_t, last_steps = time.perf_counter(), state["steps"]
-        start_t, start_steps = last_t, state["steps"]
+        clock = {"t": time.perf_counter(), "steps": state["steps"]}   # of the last log line
+        start_t, start_steps = clock["t"], state["steps"]
         try:
             if eval_venv is not None and state["steps"] >= state["next_eval"]:
                 self._evaluate(state, eval_venv, result, stop)
             while state["steps"] < rc.total_steps:
-                if not state["pending"]:
-                    collector.collect(state)
-                steps = state["steps"] + per_update
-                learner.start(collector.hand_over(state), Progress(steps, rc.total_steps, stop_requested=stop.__bool__))
-                # beside every update the next rollout, the last update's too: a checkpoint of an
-                # overlapped run always holds it, so that a run resumed from it, or extended past its
-                # total_steps, goes on exactly as one that never stopped
-                pending = learner.running
-                try:
-                    if pending:
-                        collector.collect(state)
-                except Exception:
-                    # the update goes on to its end; a failure then finds the run at the boundary
-                    # after it (the rollout cut short is dropped)
-                    if learner.finish_quietly():
-                        state.update(steps=steps, updates=state["updates"] + 1, pending=False)
-                    raise
-                except BaseException:
-                    learner.finish_quietly()
-                    raise
-                metrics = learner.finish()
-                collector.sync()
-                # the state moves to the next rollout boundary in one go, so that a failure at any
-                # point finds it consistent with the agents' weights
-                state.update(steps=steps, updates=state["updates"] + 1, pending=pending)
+                metrics = self._next_update(state, collector, learner, per_update, stop)
                 bar.update(per_update)
-                if state["recent"]:
-                    for g in self.agents:
-                        metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
-                metrics.update({f"env/{k}": v for k, v in mean_stats(state["recent_stats"]).items()})
                 result.metrics = metrics
                 if state["steps"] >= state["next_log"] or state["steps"] >= rc.total_steps:
-                    now = time.perf_counter()
-                    metrics["perf/env_steps_per_s"] = (state["steps"] - last_steps) / max(now - last_t, 1e-9)
-                    if overlap:   # the collector's wait for the update: > 0 when the update is the slower
-                        metrics["perf/update_wait_s"] = learner.wait_s
-                    last_t, last_steps = now, state["steps"]
-                    if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
-                        metrics["env/worker_restarts"] = self.venv.restarts
-                    self.logger.log(metrics, state["steps"])
-                    state["next_log"] = state["steps"] + rc.log_interval
-                    shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
-                    if self.venv.restarts:
-                        shown["restarts"] = self.venv.restarts
-                    if state["recent"]:
-                        shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
-                    bar.set_postfix(shown, refresh=False)
+                    self._log(state, metrics, bar, clock, learner.wait_s if overlap else None)
                 finished = state["steps"] >= rc.total_steps
                 if stop:
                     self._save_latest(state)
@@ -411,6 +369,63 @@ class Runner:
         elapsed = time.perf_counter() - start_t
         result.metrics["perf/env_steps_per_s_overall"] = (state["steps"] - start_steps) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = elapsed
+
+    def _next_update(self, state: dict, collector: Collector, learner: Learner, per_update: int,
+                     stop: StopRequest) -> dict[str, float]:
+        """One update on the rollout collected last (collected now, unless it waits in the
+        collector), with the next rollout collected beside it when the learner runs in the
+        background; -> the update's metrics and the recent episodes' returns and statistics."""
+        if not state["pending"]:
+            collector.collect(state)
+        steps = state["steps"] + per_update
+        learner.start(collector.hand_over(state), Progress(steps, self.cfg.runner.total_steps,
+                                                           stop_requested=stop.__bool__))
+        # beside every update the next rollout, the last update's too: a checkpoint of an overlapped
+        # run always holds it, so that a run resumed from it, or extended past its total_steps, goes
+        # on exactly as one that never stopped
+        pending = learner.running
+        try:
+            if pending:
+                collector.collect(state)
+        except Exception:
+            # the update goes on to its end; a failure then finds the run at the boundary after it
+            # (the rollout cut short is dropped)
+            if learner.finish_quietly():
+                state.update(steps=steps, updates=state["updates"] + 1, pending=False)
+            raise
+        except BaseException:
+            learner.finish_quietly()
+            raise
+        metrics = learner.finish()
+        collector.sync()
+        # the state moves to the next rollout boundary in one go, so that a failure at any point
+        # finds it consistent with the agents' weights
+        state.update(steps=steps, updates=state["updates"] + 1, pending=pending)
+        if state["recent"]:
+            for g in self.agents:
+                metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
+        metrics.update({f"env/{k}": v for k, v in mean_stats(state["recent_stats"]).items()})
+        return metrics
+
+    def _log(self, state: dict, metrics: dict, bar, clock: dict, update_wait_s: float | None) -> None:
+        """A log line (and the progress bar's figures): env-steps/s since the last one, worker
+        restarts, and with overlap how long the collector waited for the update (> 0 when the
+        update is the slower of the two)."""
+        now = time.perf_counter()
+        metrics["perf/env_steps_per_s"] = (state["steps"] - clock["steps"]) / max(now - clock["t"], 1e-9)
+        clock.update(t=now, steps=state["steps"])
+        if update_wait_s is not None:
+            metrics["perf/update_wait_s"] = update_wait_s
+        if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
+            metrics["env/worker_restarts"] = self.venv.restarts
+        self.logger.log(metrics, state["steps"])
+        state["next_log"] = state["steps"] + self.cfg.runner.log_interval
+        shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
+        if self.venv.restarts:
+            shown["restarts"] = self.venv.restarts
+        if state["recent"]:
+            shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
+        bar.set_postfix(shown, refresh=False)
 
     def _score(self, row: dict) -> float:
         """The figure best.pt is chosen on (``runner.best_metric``)."""
