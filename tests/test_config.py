@@ -120,11 +120,14 @@ def test_packaged_profile_via_config():
 
 
 def test_an_env_yaml_builds_on_the_env_its_base_names(tmp_path):
-    cfg = build_config("MAPPO", "doom_defend")
-    assert cfg.env.scenario == "defend_the_center.cfg" and cfg.env.buttons == ["ATTACK", "TURN_LEFT", "TURN_RIGHT"]
-    assert cfg.env.reward.damage == pytest.approx(0.1) and cfg.env.reward.deaths == pytest.approx(-1.0)
+    cfg = build_config("MAPPO", "doom_deathmatch")
+    assert cfg.env.scenario == "deathmatch.cfg" and len(cfg.env.buttons) == 7 and cfg.env.respawn
+    assert cfg.env.reward.ammo == 0.0                                  # its own
+    assert cfg.env.reward.damage == pytest.approx(0.01) and cfg.env.reward.deaths == pytest.approx(-1.0)
     assert cfg.env.frame_stack == 4 and cfg.runner.parallels == 4    # from doom_coop.yaml, its base
     assert cfg.agents["MAPPO"].actor.name == "cnn"
+    alias, coop = build_config("MAPPO", "doom_defend"), build_config("MAPPO", "doom_coop")
+    assert alias.env == coop.env and alias.runner == coop.runner       # a name kept for old commands
     mine = tmp_path / "mine.yaml"
     mine.write_text(yaml.safe_dump({"base": "mpe_spread", "env": {"kwargs": {"N": 4}}}))
     cfg = build_config("MAPPO", str(mine))
