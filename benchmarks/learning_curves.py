@@ -14,6 +14,14 @@ steps: mean ± sample std over the seeds evaluated near the step, and each seed'
 
 ``--panels ENV=RESULT[,RESULT...]``: a panel per env, a line per result file (its first run; the
 label is the file's tag), up to ``--until`` env steps.
+
+``--benchmarks benchmark.json ... [--stat kills]``: the runs of ``marlkit --benchmark`` (one env,
+one agent, a seed each): a panel for the first group's evaluation return and one per env
+statistic named, mean over the runs with their range shaded, the random baseline each run
+measured as a dashed line (mean over the runs); prints each run's random, final and best rows.
+
+    python benchmarks/learning_curves.py --benchmarks benchmarks/results/doom_coop_seed*.json \
+        --stat kills --out docs/img/doom_coop_learning_curves.png
 """
 from __future__ import annotations
 
@@ -66,11 +74,16 @@ def main() -> None:
     parser.add_argument("--panels", nargs="+", default=[], metavar="ENV=RESULT[,RESULT...]",
                         help="one panel per env, one line per result file")
     parser.add_argument("--until", type=int, default=None, help="with --panels: the last env step drawn")
+    parser.add_argument("--benchmarks", nargs="+", default=[], type=Path, metavar="BENCHMARK_JSON",
+                        help="benchmark.json files of marlkit --benchmark runs of one env")
+    parser.add_argument("--stat", nargs="*", default=[], help="with --benchmarks: env statistics drawn too")
     args = harness.parse_args(parser)
-    if bool(args.results) == bool(args.panels):
-        parser.error("give either result files or --panels")
+    if sum(map(bool, (args.results, args.panels, args.benchmarks))) != 1:
+        parser.error("give one of: result files, --panels, --benchmarks")
     import matplotlib
     matplotlib.use("Agg")
+    if args.benchmarks:
+        return benchmark_runs(args.benchmarks, args.stat, args.out)
     if args.panels:
         return panels(args.panels, args.until, args.out or Path("docs/img/pooled_critic_learning.png"))
     args.out = args.out or Path("docs/img/mpe_spread_learning_curves.png")
@@ -139,6 +152,47 @@ def panels(specs: list[str], until: int | None, out: Path) -> None:
         ax.legend(fontsize=8)
     fig.suptitle("MAPPO's pooled critic: evaluation return (one seed each; step 0 = untrained), 2-core CPU")
     fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
+
+
+def benchmark_runs(paths: list[Path], stats: list[str], out: Path | None) -> None:
+    import matplotlib.pyplot as plt
+    import numpy as np
+    runs = [json.loads(p.read_text()) for p in paths]
+    env, agent = runs[0]["env"], runs[0]["agent"]
+
+    def value(row: dict, key: str | None) -> float:
+        return float(next(iter(row["mean"].values()))) if key is None else float(row["env"][key])
+
+    print(f"{env}, {agent}: " + ", ".join(f"seed {r['seed']} ({r['steps']:,} steps, {r['wall_time_s'] / 60:.1f} min)"
+                                          for r in runs))
+    for key in [None, *stats]:
+        name = key or "return"
+        cells = [(r["seed"], value(r["baseline"], key), value(r["final"], key), value(r["best"], key)) for r in runs]
+        print(f"{name}: " + "; ".join(f"seed {s}: random {b:.3f}, final {f:.3f}, best.pt {x:.3f}"
+                                      for s, b, f, x in cells))
+        finals, randoms = [c[2] for c in cells], [c[1] for c in cells]
+        spread = f" ± {np.std(finals, ddof=1):.3f}" if len(finals) > 1 else ""
+        print(f"  mean over runs: random {np.mean(randoms):.3f}, final {np.mean(finals):.3f}{spread}")
+
+    fig, axes = plt.subplots(1, 1 + len(stats), figsize=(6 * (1 + len(stats)), 4), squeeze=False)
+    for ax, key in zip(axes[0], [None, *stats]):
+        # every run of one config evaluates at the same steps; a run cut short covers a prefix
+        steps = sorted({row["step"] for r in runs for row in r["evaluations"]})
+        at_step = [[value(row, key) for r in runs for row in r["evaluations"] if row["step"] == s] for s in steps]
+        line, = ax.plot(steps, [np.mean(v) for v in at_step], "o-", ms=3, label=f"{agent} ({len(runs)} seeds)")
+        ax.fill_between(steps, [min(v) for v in at_step], [max(v) for v in at_step], color=line.get_color(), alpha=0.15)
+        ax.axhline(np.mean([value(r["baseline"], key) for r in runs]), color="gray", ls="--",
+                   label="random policy (measured by each run)")
+        ax.set_xlabel("env steps")
+        ax.set_ylabel("eval return (first group, mean over its agents)" if key is None else f"{key} per episode")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{env}: {agent}, evaluation mean over seeds (range shaded), 2-core CPU")
+    fig.tight_layout()
+    out = out or Path(f"docs/img/{env}_learning_curves.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     print(f"wrote {out}")
