@@ -1,18 +1,20 @@
-"""Joint steps/s of ViZDoom co-op: a bare lockstep loop (no marlkit) vs the doom_coop env through
-marlkit's vector env with random actions, for 2 and 4 players, and MAPPO training beside them.
-Bare and marlkit runs alternate within one process, so both see the same machine load.
+"""Joint steps/s of ViZDoom co-op: a bare lockstep loop (no marlkit) vs marlkit's doom env with random
+actions, for 2 and 4 players, and MAPPO training of doom_coop against random stepping of the same
+vector env. Each pair alternates within one process, so both sides see the same machine load.
 
     python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
                                          [--train-steps 4096] [--set KEY=VALUE ...] [--tag NAME]
 
 A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
-wrapper must do: one process per player holding a DoomGame (player 0 hosting, the others joining
-over loopback), actions sent through pipes, screens and game variables sent back, and the 4 tics
-of a step played as 2 + 2 with a barrier between (more than 2 tics per barrier hangs the engines).
-"marlkit" is ``make_env_vector`` on the packaged doom_coop config (1 env, runner.vectorize sync)
-with its resize to 30x40 and stack of 4 frames, and random actions. Beside them, per player count
-the default vector env (``runner.parallels`` envs, ``runner.vectorize``) with random actions, and
-MAPPO training with the doom_coop defaults against random stepping of the same vector env. Writes
+wrapper must do: one process per player holding a DoomGame on deathmatch.cfg (player 0 hosting,
+the others joining over loopback), actions sent through pipes, screens and game variables sent
+back, and the 4 tics of a step played as 2 + 2 with a barrier between (more than 2 tics per
+barrier hangs the engines). "marlkit" is ``make_env_vector`` on the packaged doom_deathmatch
+config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
+stack of 4 frames. Beside them, per player count, that config's default vector env with random
+actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
+the update), the same with ``runner.overlap=false``, and random actions through the same vector
+env, alternating. ``--set`` applies to both configs. Writes
 benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
@@ -135,7 +137,7 @@ def _bare_run(players: int, steps: int, timeout_tics: int) -> float:
 
 
 def vector_cfg(cfg, players: int, num_envs: int, vectorize: str):
-    """doom_coop's config with ``players`` players and ``num_envs`` envs (a worker each, unless in process)."""
+    """``cfg`` with ``players`` players and ``num_envs`` envs (a worker each, unless in process)."""
     return replace(cfg, env=replace(cfg.env, players=players),
                    runner=replace(cfg.runner, parallels=num_envs, workers=num_envs, vectorize=vectorize))
 
@@ -148,10 +150,10 @@ def main() -> None:
     args = harness.parse_args(p)
 
     from marlkit.api import build_config
-    cfg = build_config("MAPPO", "doom_coop", overrides=args.overrides)
+    cfg = build_config("MAPPO", "doom_deathmatch", overrides=args.overrides)
     parallels, vectorize = cfg.runner.parallels, cfg.runner.vectorize
-    out: dict = {"config": "marlkit/configs/doom_coop.yaml", "overrides": args.set, "frame_skip": cfg.env.frame_skip,
-                 "resolution": cfg.env.resolution, "players": {}}
+    out: dict = {"config": "marlkit/configs/doom_deathmatch.yaml", "overrides": args.set,
+                 "frame_skip": cfg.env.frame_skip, "resolution": cfg.env.resolution, "players": {}}
     for players in args.players:
         steps = args.steps * 2 // players
         samples, _ = harness.measure({
@@ -169,15 +171,29 @@ def main() -> None:
     rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
              harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
-        train = harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides)
-        rand = harness.random_steps_per_s(vector_cfg(cfg, cfg.env.players, parallels, vectorize), args.train_steps // 2)
-        out["mappo_training"] = {"steps": args.train_steps, "joint_steps_per_s": train,
-                                 "random_same_vector_env_joint_steps_per_s": rand, "ratio": train / rand}
+        coop = build_config("MAPPO", "doom_coop", overrides=args.overrides)
+        no_overlap = {**args.overrides, "runner.overlap": False}
+        samples, medians = harness.measure({
+            "training": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides),
+            "training_no_overlap": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps,
+                                                                     no_overlap),
+            "random": lambda: harness.random_steps_per_s(coop, args.train_steps // 2)},
+            args.repeats, label="doom_coop ")
+        train, train_no_overlap, rand = medians["training"], medians["training_no_overlap"], medians["random"]
+        out["mappo_training"] = {
+            "config": "marlkit/configs/doom_coop.yaml", "steps": args.train_steps,
+            "vector_env": f"{coop.runner.parallels} envs, {coop.runner.vectorize}",
+            "joint_steps_per_s": samples["training"], "no_overlap_joint_steps_per_s": samples["training_no_overlap"],
+            "random_same_vector_env_joint_steps_per_s": samples["random"],
+            "ratio_per_repeat": [t / r for t, r in zip(samples["training"], samples["random"])],
+            "no_overlap_ratio_per_repeat": [t / r for t, r in zip(samples["training_no_overlap"], samples["random"])],
+            "ratio_median": train / rand, "no_overlap_ratio_median": train_no_overlap / rand}
     harness.write_results("doom_throughput", args, out)
     harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
-        print(f"MAPPO training (doom_coop defaults): {train:.1f} joint steps/s; random stepping of the same "
-              f"vector env ({parallels} envs, {vectorize}): {rand:.1f} (training {train / rand:.2f}x)")
+        print(f"doom_coop, medians: MAPPO training {train:.1f} joint steps/s ({train / rand:.2f}x random), without "
+              f"overlap {train_no_overlap:.1f} ({train_no_overlap / rand:.2f}x); random actions through the same "
+              f"vector env ({coop.runner.parallels} envs, {coop.runner.vectorize}) {rand:.1f}")
 
 
 if __name__ == "__main__":

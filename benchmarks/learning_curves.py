@@ -166,8 +166,11 @@ def benchmark_runs(paths: list[Path], stats: list[str], out: Path | None) -> Non
     def value(row: dict, key: str | None) -> float:
         return float(next(iter(row["mean"].values()))) if key is None else float(row["env"][key])
 
-    print(f"{env}, {agent}: " + ", ".join(f"seed {r['seed']} ({r['steps']:,} steps, {r['wall_time_s'] / 60:.1f} min)"
-                                          for r in runs))
+    print(f"{env}, {agent}: " + ", ".join(f"seed {r['seed']} ({r['steps']:,} steps, {(r['wall_time_s'] or 0) / 60:.1f} "
+                                          "min in its last process)" for r in runs))
+    runs_without = [str(p) for p, r in zip(paths, runs) if not r.get("baseline")]
+    if runs_without:
+        raise SystemExit(f"no random baseline in {', '.join(runs_without)} (written before benchmarks measured one)")
     for key in [None, *stats]:
         name = key or "return"
         cells = [(r["seed"], value(r["baseline"], key), value(r["final"], key), value(r["best"], key)) for r in runs]
@@ -192,7 +195,7 @@ def benchmark_runs(paths: list[Path], stats: list[str], out: Path | None) -> Non
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(f"{env}: {agent}, evaluation mean over seeds (range shaded), 2-core CPU")
     fig.tight_layout()
-    out = out or Path(f"docs/img/{env}_learning_curves.png")
+    out = out or Path(f"docs/img/{Path(env).stem}_learning_curves.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     print(f"wrote {out}")

@@ -136,6 +136,9 @@ def test_reward_from_game_variable_changes_keeps_player_and_shared_parts_apart()
     # (its health and ammo jumped back to their start values on respawn, which is no reward)
     np.testing.assert_allclose(player, [2.0 + 0.3 - 1.0 - 1.0, -1.0], rtol=1e-6)
     assert player_stats(after[0], before[0])["kills"] == 2 and player_stats(after[0], before[0])["level_kills"] == 3
+    # without env.own_kills every player reads the level's count as its kills: the team counts it once
+    level = _vars(KILLCOUNT=[3, 3], KILLS=[3, 3]), _vars(KILLCOUNT=[6, 6], KILLS=[6, 6])
+    assert reward_parts(*level, w, own_kills=False)[1] == 0.5 * 3
     # the engine's odd health reading of a dead player is clipped
     dead = _vars(HEALTH=[-999900, 100], DEAD=[1, 0])
     player, _ = reward_parts(dead, _vars(HEALTH=[-999900, 100], DEAD=[1, 0]), w)

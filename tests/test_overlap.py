@@ -113,3 +113,24 @@ def test_overlap_with_envs_in_this_process_is_refused_naming_the_fix(tiny):
     assert RunnerConfig(vectorize="subprocess").overlapped() and not RunnerConfig(vectorize="sync").overlapped()
     assert not RunnerConfig(vectorize="auto", parallels=1).overlapped()
     assert not RunnerConfig(vectorize="subprocess", overlap=False).overlapped()
+
+
+def test_a_run_resumed_in_fresh_episodes_learns_its_saved_rollout_from_where_it_ended(tiny, env_yaml):
+    """An env that cannot be restored exactly resumes in fresh episodes, but the rollout saved beside
+    the last update was collected before them: the update on it, the first after the resume, is
+    bootstrapped from the observation it ended at, so it is the update an uninterrupted run made
+    (equal weights after it), though the episodes collected beside it differ."""
+    path = env_yaml("test_run_safety:outside_state", {"length": 7})
+    common = {**tiny, **OVERLAP, "runner.parallels": 2, "runner.horizon": 10, "runner.save_interval": 40}
+    full = marlkit.run(agent="MAPPO", env=path, seed=2, **{**common, "runner.total_steps": 60})
+    half = marlkit.run(agent="MAPPO", env=path, seed=2, **{**common, "runner.total_steps": 40})
+    state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["pending"] and state["steps"] == 40   # the third rollout ends 30 steps into its envs
+    resumed = marlkit.run(mode="train", resume=str(half.run_dir), **{"runner.total_steps": 60})
+    assert resumed.steps == 60
+    losses = [k for k in full.metrics if "loss" in k]
+    assert losses and all(resumed.metrics[k] == full.metrics[k] for k in losses)
+    wa = torch.load(full.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    wb = torch.load(resumed.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)

@@ -69,8 +69,9 @@ class Collector:
 
     def hand_over(self, state: dict) -> dict[str, Bootstrap]:
         """The learning agents take the rollout just collected; -> per learning group what to value
-        its tail with, copied: the vector env writes its next step into the arrays it returned."""
-        obs, hidden = state["obs"], state["hidden"]
+        its tail with, copied: the vector env writes its next step into the arrays it returned. A
+        run resumed in fresh episodes keeps where its saved rollout ended as ``state["tail"]``."""
+        obs, hidden = state.pop("tail", None) or (state["obs"], state["hidden"])
         boot = {}
         for g in self.learners:
             self.agents[g].take_rollout(self.behaviours[g])

@@ -58,8 +58,8 @@ class Learner:
         """Wait for the update; -> its metrics, or the error it raised."""
         if self._thread is not None:
             start = time.perf_counter()
-            thread, self._thread = self._thread, None
-            thread.join()
+            self._thread.join()
+            self._thread = None   # only once joined: a join cut short by a signal leaves the update known
             self.wait_s = time.perf_counter() - start
         if self._error is not None:
             error, self._error = self._error, None

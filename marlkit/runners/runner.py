@@ -269,6 +269,8 @@ class Runner:
         if state.pop("venv"):
             self.venv.set_state(ckpt["venv"])
         else:
+            if state["pending"]:   # the rollout saved beside the last update is valued where it ended
+                state.setdefault("tail", (state["obs"], state["hidden"]))
             state["obs"] = self.venv.reset(seed=self.cfg.seed * 10_000 + state["steps"])
             state["hidden"] = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
             tqdm.write("resume: this env is not known to come back exactly from a checkpoint (env.exact_resume "
@@ -280,9 +282,10 @@ class Runner:
         torch.set_rng_state(rng["torch"])
         return state
 
-    def _checkpoint(self, path: Path, state: dict, venv_blob: bytes | None) -> None:
-        # an overlapped run saves with the next rollout collected: the behaviours hold it
-        behaviour = self.collector.state_dict() if state["pending"] else None
+    def _checkpoint(self, path: Path, state: dict, venv_blob: bytes | None, resumable: bool = True) -> None:
+        # an overlapped run saves with the next rollout collected, which the behaviours hold; best.pt
+        # is never resumed from, so it goes without
+        behaviour = self.collector.state_dict() if state["pending"] and resumable else None
         runner_state = {**state, "venv": venv_blob is not None, "behaviour": behaviour}
         save_checkpoint(path, {
             "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
@@ -325,7 +328,9 @@ class Runner:
         bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
                    dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         clock = {"t": time.perf_counter(), "steps": state["steps"]}   # of the last log line
-        start_t, start_steps = clock["t"], state["steps"]
+        # env steps this process stepped: an overlapped run also holds the rollout past its last update
+        collected = lambda: state["steps"] + (per_update if state["pending"] else 0)   # noqa: E731
+        start_t, start_collected = clock["t"], collected()
         try:
             if eval_venv is not None and state["steps"] >= state["next_eval"]:
                 self._evaluate(state, eval_venv, result, stop)
@@ -367,7 +372,7 @@ class Runner:
         result.episode_returns = list(state["recent"])
         result.evaluations = state["evaluations"]
         elapsed = time.perf_counter() - start_t
-        result.metrics["perf/env_steps_per_s_overall"] = (state["steps"] - start_steps) / max(elapsed, 1e-9)
+        result.metrics["perf/env_steps_per_s_overall"] = (collected() - start_collected) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = elapsed
 
     def _next_update(self, state: dict, collector: Collector, learner: Learner, per_update: int,
@@ -474,7 +479,7 @@ class Runner:
                          **{f"eval/env/{k}": v for k, v in stats.items()}}, state["steps"])
         if state["best"] is None or row["score"] > state["best"]["score"]:
             state["best"] = row
-            self._checkpoint(self.run_dir / "best.pt", state, None)
+            self._checkpoint(self.run_dir / "best.pt", state, None, resumable=False)
         state["next_eval"] = state["steps"] + rc.eval_interval
 
     def benchmark(self) -> RunResult:

@@ -153,6 +153,8 @@ def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing
     """Path of the co-op copy of the scenario's WAD (see :func:`coop_wad`), or None when its
     map needs no change. The copy lives in a per-user cache named by its content, so envs and
     runs share it and nothing accumulates."""
+    if not (add_starts or fresh_inventory or own_kills):
+        return None
     wad_path = scenario_wad(cfg_path)
     if not wad_path.is_file():
         raise ConfigError(f"env.scenario: {cfg_path} names {wad_path}, which does not exist; "
@@ -163,8 +165,8 @@ def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing
         patched = coop_wad(wad_path.read_bytes(), doom_map, players, spacing, add_starts, fresh_inventory, map_from,
                            own_kills)
     except ValueError as exc:   # not a WAD
-        raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts: false and "
-                          "env.fresh_inventory: false to give it to the engine as it is") from None
+        raise ConfigError(f"env.scenario: {wad_path} ({cfg_path}'s map) {exc}; set env.add_starts, "
+                          "env.fresh_inventory and env.own_kills to false to give it to the engine as it is") from None
     if patched is None:
         return None
     cache = Path(tempfile.gettempdir()) / f"marlkit-doom-{os.getuid()}"

@@ -145,7 +145,7 @@ class DoomCoopEnv(ParallelEnv):
                     {a: True for a in acting}, self._infos(acting))
         self._vars = variables
         self._tics += self.cfg.frame_skip
-        player, shared = reward_parts(before, variables, self.cfg.reward)
+        player, shared = reward_parts(before, variables, self.cfg.reward, self.cfg.own_kills)
         dead_now = died(before, variables)
         out = set() if self.cfg.respawn else {a for a in acting if dead_now[self._index[a]]}
         rewards = {a: float(player[self._index[a]] + shared) for a in acting}
@@ -165,10 +165,14 @@ class DoomCoopEnv(ParallelEnv):
         hits summed over the players, each player's own kills (``kills_player_<i>``), the level's
         count of dead monsters (``level_kills``: monsters killed by monsters too), and the match
         restarts of this env so far. An episode cut from outside (a wrapper's step limit) ends
-        while players are still in it: its numbers are the ones so far."""
+        while players are still in it: its numbers are the ones so far. Without ``env.own_kills``
+        every player's kills are the level's count, and so are the team's."""
         last = self._stats_now() if self.agents else self.last_episode
         players = last.values()
-        return {**{k: float(sum(p[k] for p in players)) for k in ("kills", "deaths", "damage", "hits")},
+        team = {k: float(sum(p[k] for p in players)) for k in ("kills", "deaths", "damage", "hits")}
+        if not self.cfg.own_kills:
+            team["kills"] = float(last["player_0"]["kills"])
+        return {**team,
                 **{f"kills_{a}": float(p["kills"]) for a, p in last.items()},
                 "level_kills": float(last["player_0"]["level_kills"]), "restarts": float(self.restarts)}
 

@@ -52,10 +52,12 @@ def died(before: np.ndarray, after: np.ndarray) -> np.ndarray:
             | ((after[..., _I["DEAD"]] != 0) & (before[..., _I["DEAD"]] == 0)))
 
 
-def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tuple[np.ndarray, float]:
+def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights,
+                 own_kills: bool = True) -> tuple[np.ndarray, float]:
     """``before``/``after``: ``[N, len(VARIABLES)]`` game variables of the N players around one
     step. Returns (per-player part ``[N]``, shared part). Health and ammo jump back to their start
-    values on respawn, so their changes count only while the player stays alive through the step."""
+    values on respawn, so their changes count only while the player stays alive through the step.
+    Without ``own_kills`` every player's ``KILLS`` is the level's count, which the team's counts once."""
     d = after - before
     alive = (before[:, _I["DEAD"]] == 0) & (after[:, _I["DEAD"]] == 0) & ~died(before, after)
     # HEALTH has been seen to read -999900 for a dead player; clip before taking the change.
@@ -63,7 +65,7 @@ def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights) -> tup
     ammo = after[:, AMMO].sum(1) - before[:, AMMO].sum(1)
     player = (w.kills * d[:, _I["KILLS"]] + w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
               + np.where(alive, w.health * health + w.ammo * ammo, 0.0))
-    shared = w.team_kills * float(d[:, _I["KILLS"]].sum())
+    shared = w.team_kills * float(d[:, _I["KILLS"]].sum() if own_kills else d[0, _I["KILLCOUNT"]])
     return player.astype(np.float32), shared
 
 
