@@ -75,6 +75,14 @@ def _bare_player(conn, player: int, players: int, port: int, work_dir: str, barr
     game.close()
 
 
+def _recv(pipe, timeout: float = 30.0):
+    """A player's answer; a player that gives none in ``timeout`` seconds is taken as dead (a
+    joiner's engine can die while the host waits for it, and the host then never answers)."""
+    if not pipe.poll(timeout):
+        raise EOFError(f"no answer from a player in {timeout:.0f} s")
+    return pipe.recv()
+
+
 def bare_steps_per_s(players: int, steps: int, timeout_tics: int, attempts: int = 3) -> float:
     """The bare loop's joint steps/s. A match that does not start (an engine exiting while it
     connects, seen about one start in three on a quiet box) is retried on another port, as the
@@ -105,22 +113,22 @@ def _bare_run(players: int, steps: int, timeout_tics: int) -> float:
                 pipes.append(parent)
                 procs.append(proc)
             for p in pipes:
-                assert p.recv() == "ready"
+                assert _recv(p, 60.0) == "ready"
             rng = np.random.default_rng(0)
             for p in pipes:
                 p.send("reset")
             for p in pipes:
-                p.recv()
+                _recv(p)
             start = time.perf_counter()
             for _ in range(steps):
                 for p in pipes:
                     p.send([float(b) for b in rng.integers(0, 2, len(BUTTONS))])
-                answers = [p.recv() for p in pipes]
+                answers = [_recv(p) for p in pipes]
                 if answers[0][2]:
                     for p in pipes:
                         p.send("reset")
                     for p in pipes:
-                        p.recv()
+                        _recv(p)
             return steps / (time.perf_counter() - start)
         finally:
             for p in pipes:
