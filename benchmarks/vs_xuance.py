@@ -10,8 +10,10 @@ use (python3.11 -m venv; the local CPU build of torch 2.13.0 first, then xuance 
 pettingzoo 1.24.4, whose pettingzoo.mpe provides XuanCe's MPE envs; torch stays pinned throughout).
 --skip-install uses that venv as it is.
 
-What is measured, per repeat and side, is env steps (vector steps x parallel envs) divided by the wall
-time of the training loop alone, i.e. without imports, env or worker start-up, or the final model save:
+What is measured, per repeat and side, in a helper process of each side's own: env steps (vector steps
+x parallel envs) divided by the wall time of the training loop alone, i.e. without imports, env or
+worker start-up, or the final model save; and the helper's whole wall time (start-up included), for
+the ratio by wall time:
 - XuanCe: `get_runner(algo="mappo", env="mpe", env_id="simple_spread_v3")` with its default YAML
   (configs/mappo/mpe/simple_spread_v3.yaml), only `running_steps` set to --steps, device cpu, no
   rendering and its tensorboard logs in a temp dir; the timed call is `agent.train(running_steps //
@@ -32,10 +34,10 @@ import json
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import harness
@@ -113,6 +115,26 @@ if __name__ == "__main__":
 '''
 
 
+# Run with marlkit's python as `helper.py STEPS WORKDIR OUT_JSON OVERRIDES_JSON`: marlkit's side as a
+# process of its own too, so that both sides' whole-process wall times compare.
+MARLKIT_HELPER = '''
+import json
+import statistics
+import sys
+
+if __name__ == "__main__":   # marlkit's env workers import the main module again
+    sys.path.insert(0, sys.argv[5])
+    import harness
+    steps, workdir, out, overrides = int(sys.argv[1]), sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+    result = harness.train("MAPPO", "mpe_spread", steps, overrides)
+    returns = [v for k, v in result.metrics.items() if k.endswith("/episode_return")]
+    with open(out, "w") as f:
+        json.dump({"env_steps": result.steps, "train_seconds": result.metrics["perf/wall_time_s"],
+                   "env_steps_per_s": result.metrics["perf/env_steps_per_s_overall"],
+                   "final_train_return": statistics.mean(returns) if returns else None}, f)
+'''
+
+
 class SetupError(RuntimeError):
     pass
 
@@ -157,24 +179,20 @@ def ensure_xuance_venv() -> None:
     log.unlink()
 
 
-def measure_xuance(steps: int, helper: Path, threads: int | None) -> dict:
+def measure_process(side: str, cmd: list[str]) -> dict:
+    """Run a helper process (``cmd`` + WORKDIR OUT_JSON ...); -> its measurement of the training
+    loop, with ``process_seconds``: the helper's whole wall time (interpreter and library start-up,
+    envs, training, the final save)."""
     with tempfile.TemporaryDirectory() as workdir:
         out = Path(workdir) / "result.json"
-        cmd = [str(VENV_PY), str(helper), str(steps), workdir, str(out)] + ([str(threads)] if threads else [])
-        done = subprocess.run(cmd, cwd=workdir,
+        start = time.perf_counter()
+        done = subprocess.run([*cmd[:3], workdir, str(out), *cmd[3:]], cwd=workdir,
                               env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
         if done.returncode != 0 or not out.is_file():
             tail = "\n".join((done.stdout + done.stderr).splitlines()[-30:])
-            raise RuntimeError(f"the XuanCe run failed (exit {done.returncode}):\n{tail}")
-        return json.loads(out.read_text())
-
-
-def measure_marlkit(steps: int, overrides: dict) -> dict:
-    result = harness.train("MAPPO", "mpe_spread", steps, overrides)
-    returns = [v for k, v in result.metrics.items() if k.endswith("/episode_return")]
-    return {"env_steps": result.steps, "train_seconds": result.metrics["perf/wall_time_s"],
-            "env_steps_per_s": result.metrics["perf/env_steps_per_s_overall"],
-            "final_train_return": statistics.mean(returns) if returns else None}
+            raise RuntimeError(f"the {side} run failed (exit {done.returncode}):\n{tail}")
+        return {**json.loads(out.read_text()), "process_seconds": seconds}
 
 
 def marlkit_config_facts(overrides: dict) -> dict:
@@ -210,15 +228,23 @@ def main() -> None:
             sys.exit(str(exc))
 
     with tempfile.TemporaryDirectory() as tmp:
-        helper = Path(tmp) / "xuance_mappo_mpe.py"
-        helper.write_text(XUANCE_HELPER)
-        runs, _ = harness.measure({"xuance": lambda: measure_xuance(args.steps, helper, args.xuance_threads),
-                                   "marlkit": lambda: measure_marlkit(args.steps, args.overrides)}, args.repeats)
+        helpers = {"xuance": Path(tmp) / "xuance_mappo_mpe.py", "marlkit": Path(tmp) / "marlkit_mappo_mpe.py"}
+        helpers["xuance"].write_text(XUANCE_HELPER)
+        helpers["marlkit"].write_text(MARLKIT_HELPER)
+        commands = {
+            "xuance": [str(VENV_PY), str(helpers["xuance"]), str(args.steps)]
+            + ([str(args.xuance_threads)] if args.xuance_threads else []),
+            "marlkit": [sys.executable, str(helpers["marlkit"]), str(args.steps), json.dumps(args.overrides),
+                        str(HERE)]}
+        runs, _ = harness.measure({side: lambda side=side: measure_process(side, commands[side])
+                                   for side in commands}, args.repeats)
 
     import marlkit
     med = {side: harness.median([run["env_steps_per_s"] for run in rs]) for side, rs in runs.items()}
     final_return = {side: rs[-1]["final_train_return"] for side, rs in runs.items()}
     ratio = med["marlkit"] / med["xuance"]
+    process = {side: harness.median([run["process_seconds"] for run in rs]) for side, rs in runs.items()}
+    process_ratio = process["xuance"] / process["marlkit"]
     out = harness.write_results("vs_xuance", args, {
         "task": "MAPPO on MPE simple_spread_v3 (N=3, 25 steps), each library's default config",
         "xuance_version": XUANCE_VERSION, "marlkit_version": marlkit.__version__,
@@ -228,11 +254,15 @@ def main() -> None:
         "samples_env_steps_per_s": {side: [run["env_steps_per_s"] for run in rs] for side, rs in runs.items()},
         "env_steps_done": {side: [run["env_steps"] for run in rs] for side, rs in runs.items()},
         "median_env_steps_per_s": med, "marlkit_over_xuance": ratio,
+        "samples_process_seconds": {side: [run["process_seconds"] for run in rs] for side, rs in runs.items()},
+        "median_process_seconds": process, "xuance_over_marlkit_process_seconds": process_ratio,
         "final_train_return_last_run": final_return})
-    harness.table(["MAPPO, simple_spread_v3", "env-steps/s (median)", "final train return"],
-                  [[f"XuanCe {XUANCE_VERSION}", med["xuance"], final_return["xuance"]],
-                   ["marlkit", med["marlkit"], final_return["marlkit"]]])
-    print(f"marlkit / xuance = {ratio:.2f}   ({args.steps} env steps x {args.repeats} per side; {out})")
+    harness.table(["MAPPO, simple_spread_v3", "env-steps/s, loop (median)", "whole process s (median)",
+                   "final train return"],
+                  [[f"XuanCe {XUANCE_VERSION}", med["xuance"], process["xuance"], final_return["xuance"]],
+                   ["marlkit", med["marlkit"], process["marlkit"], final_return["marlkit"]]])
+    print(f"marlkit / xuance = {ratio:.2f} by the training loop, {process_ratio:.2f} by whole-process wall time   "
+          f"({args.steps} env steps x {args.repeats} per side; {out})")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,10 @@ The baseline marginalises only agent a's own action, with the others' kept, so i
 a's choice helped the group. The critic (``marlkit/networks/coma_critic.py``) gives all of a's
 Q-values in one pass. It regresses on TD(lambda) targets built from a target critic that is synced
 every ``target_update_interval`` updates.
+
+Inherently quadratic in agents: each agent's critic input holds the others' one-hot actions
+(A x n_actions values), so a step of A agents costs about A^2 n_actions in the critic's first
+layer (measured against MAPPO in docs/benchmarks.md, "MAT and COMA: speed").
 """
 from __future__ import annotations
 
