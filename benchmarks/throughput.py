@@ -1,15 +1,16 @@
 """Training vs random-action stepping through the same vector env, for any packaged env or env YAML.
 
     python benchmarks/throughput.py [--env mpe_spread|PATH.yaml] [--agent MAPPO [COMA ...]] [--steps 100000]
-                                    [--parallels E] [--vectorize V] [--repeats 3] [--set KEY=VALUE ...]
-                                    [--tag NAME]
+                                    [--parallels E] [--vectorize V] [--without-overlap] [--repeats 3]
+                                    [--set KEY=VALUE ...] [--tag NAME]
     python benchmarks/throughput.py --whole-process [--agent MAPPO] [--steps 100000] [--repeats 3] [--set ...]
 
 Comparison (the default): env-steps/s of training each ``--agent`` in turn on ``--env`` vs "raw", the
 vector env the trainer uses (marlkit's adapter, batching, auto-reset) with uniformly random actions at
 the same vectorisation, measured alternately in one process so that all see the same machine load; on
 mpe_spread also "bare mpe2", a plain loop over one mpe2 env, for reference. Training is the loop
-alone (marlkit's own ``perf/env_steps_per_s_overall``). Image envs: ``--env benchmarks/envs/
+alone (marlkit's own ``perf/env_steps_per_s_overall``); ``--without-overlap`` adds the first agent's
+training with ``runner.overlap=false`` to the alternation. Image envs: ``--env benchmarks/envs/
 cooperative_pong.yaml`` (or pistonball.yaml, kaz_image.yaml; ``pip install -e .[games]``); run under
 ``/usr/bin/time -v`` for the peak RSS.
 
@@ -59,6 +60,9 @@ def compare(args, runner: dict) -> None:
     for agent, key in trains.items():
         sides[key] = lambda agent=agent: harness.train_steps_per_s(agent, args.env, args.steps,
                                                                    {**args.overrides, **runner})
+    if args.without_overlap:
+        sides["train_no_overlap"] = lambda: harness.train_steps_per_s(
+            args.agent[0], args.env, args.steps, {**args.overrides, **runner, "runner.overlap": False})
     samples, med = harness.measure(sides, args.repeats)
     harness.write_results("throughput", args, {
         "env": args.env, "agent": args.agent[0] if len(args.agent) == 1 else args.agent,
@@ -66,11 +70,15 @@ def compare(args, runner: dict) -> None:
         "overrides": args.set,
         "steps_per_measurement": args.steps, "repeats": args.repeats, "samples": samples,
         "median_env_steps_per_s": med, "train_over_raw": med["train"] / med["raw"],
-        **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}} if len(trains) > 1 else {})})
+        **({"over_first_agent": {a: med[k] / med["train"] for a, k in trains.items()}} if len(trains) > 1 else {}),
+        **({"overlap_over_no_overlap": med["train"] / med["train_no_overlap"]} if args.without_overlap else {})})
     vec = f"x{cfg.runner.parallels} ({cfg.runner.vectorize}{', overlap' if cfg.runner.overlapped() else ''})"
     rows = [["bare mpe2, 1 env, random", med["bare_mpe2"], None]] if "bare_mpe2" in med else []
     rows.append([f"raw vector env {vec}, random", med["raw"], None])
     rows += [[f"{agent} training {vec}", med[key], med[key] / med["raw"]] for agent, key in trains.items()]
+    if args.without_overlap:
+        rows.append([f"{args.agent[0]} training, runner.overlap=false", med["train_no_overlap"],
+                     med["train_no_overlap"] / med["raw"]])
     harness.table(["workload", "env-steps/s (median)", "training / raw"], rows)
     for agent, key in list(trains.items())[1:]:
         print(f"{agent} / {args.agent[0]} training = {med[key] / med['train']:.2f}")
@@ -118,6 +126,8 @@ def main() -> None:
     p.add_argument("--parallels", type=int, help="runner.parallels (default: the env's config)")
     p.add_argument("--vectorize", choices=["sync", "subprocess", "auto", "ray"],
                    help="runner.vectorize (default: the env's config)")
+    p.add_argument("--without-overlap", action="store_true",
+                   help="also train the first agent with runner.overlap=false, alternating with the rest")
     p.add_argument("--whole-process", action="store_true", help="time whole processes: marlkit vs a bare loop")
     p.add_argument("--bare-loop", type=int, metavar="N", help="(the bare side of --whole-process) step N times, exit")
     args = p.parse_args() if "--bare-loop" in sys.argv else harness.parse_args(p)
