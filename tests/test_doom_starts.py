@@ -60,10 +60,12 @@ def test_the_edited_wad_keeps_every_other_lump_byte_for_byte():
 def test_a_scenario_whose_map_is_not_a_wad_is_a_config_error(tmp_path):
     (tmp_path / "mine.wad").write_text("not a wad")
     (tmp_path / "mine.cfg").write_text("doom_scenario_path = mine.wad\n")
-    with pytest.raises(ConfigError, match=r"env.scenario: .*mine.wad .* is not a WAD file.*env.add_starts: false "
-                                          r"and env.fresh_inventory: false"):
-        coop_scenario_wad(str(tmp_path / "mine.cfg"), None, 2, 64)
+    with pytest.raises(ConfigError, match=r"env.scenario: .*mine.wad .* is not a WAD file.*set env.add_starts, "
+                                          r"env.fresh_inventory and env.own_kills to false"):
+        coop_scenario_wad(str(tmp_path / "mine.cfg"), None, 2, 64, own_kills=True)
     assert not list(tmp_path.glob("*.tmp"))
+    # with nothing to change the file is given to the engine as it is, unread
+    assert coop_scenario_wad(str(tmp_path / "mine.cfg"), None, 2, 64, False, False, False) is None
 
 
 def first_positions(**options) -> np.ndarray:
