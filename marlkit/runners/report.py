@@ -35,7 +35,7 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
         print(f"  {'env statistic':<22}{'random':>12}{'final':>12}{'at best.pt':>12}")
     for k, v in stats.items():
         random = f"{baseline['env'][k]:>12.3f}" if baseline and k in baseline.get("env", {}) else f"{'-':>12}"
-        at_best = f"{best['env'][k]:>12.3f}" if k in best.get("env", {}) else f"{'-':>12}"
+        at_best = f"{best['env'][k]:>12.3f}" if best and k in best.get("env", {}) else f"{'-':>12}"
         print(f"  {k:<22}{random}{v:>12.3f}{at_best}")
     if best:
         print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric)")
