@@ -176,3 +176,49 @@ def test_a_group_of_mismatched_views_is_refused_before_training(env_yaml, tmp_pa
     with pytest.raises(ConfigError, match=r"env\.groups: agents of group 'paddles' .* split them"):
         marlkit.run(agent="MAPPO", env=path, logger="none", **{"runner.run_root": str(tmp_path),
                                                                 "runner.total_steps": 8})
+
+
+@pytest.mark.parametrize("agent_name,critic_input", [("MAPPO", "pooled"), ("MAPPO", "state"), ("IPPO", None)])
+def test_absent_slots_are_skipped_with_the_same_loss_and_gradients(agent_name, critic_input):
+    """The feed-forward encoders read the present slots alone: the loss and every gradient are
+    those of encoding every slot, and the arithmetic follows the agents present."""
+    n_agents, absent_share = 8, 0.5
+    group = _group((13, 13, 5), n_agents, np.uint8)
+    agent_cfg = build_config(agent_name, "mpe_spread").agents[agent_name]
+    if critic_input:
+        agent_cfg.critic_input = critic_input
+    agent = get_agent(agent_name)(group, (5 * n_agents, 13, 13), agent_cfg, num_envs=4, horizon=6, seed=0,
+                                  state_from_obs=True)
+    gen = torch.Generator().manual_seed(0)
+    L, B, A = 6, 4, n_agents
+    present = torch.rand(L, B, A, generator=gen) > absent_share
+    batch = {"obs": torch.randint(0, 256, (L, B, A, 13, 13, 5), dtype=torch.uint8, generator=gen),
+             "state": torch.randint(0, 256, (L, B, 5 * A, 13, 13), dtype=torch.uint8, generator=gen).float() / 255,
+             "agent_mask": present, "action_mask": torch.ones(L, B, A, 4, dtype=torch.bool),
+             "actions": torch.randint(0, 4, (L, B, A), generator=gen), "log_prob": torch.full((L, B, A), -1.4),
+             "advantages": torch.randn(L, B, A, generator=gen), "returns": torch.randn(L, B, A, generator=gen),
+             "old_value": torch.randn(L, B, A, generator=gen), "episode_start": torch.zeros(L, B, A, dtype=torch.bool)}
+
+    def loss_and_grads(skip: bool):
+        encode = type(agent).encode_agents
+        agent.encode_agents = lambda *args, present=None, **kw: encode(agent, *args, present=present if skip else None,
+                                                                       **kw)
+        agent.modules.zero_grad(set_to_none=True)
+        try:
+            with FlopCounterMode(display=False) as counter:
+                loss, _ = agent.loss(batch)
+                loss.backward()
+        finally:
+            del agent.encode_agents
+        return loss.detach(), [p.grad.clone() for p in agent.modules.parameters() if p.grad is not None], \
+            counter.get_total_flops()
+
+    loss_all, grads_all, flops_all = loss_and_grads(skip=False)
+    loss_skip, grads_skip, flops_skip = loss_and_grads(skip=True)
+    torch.testing.assert_close(loss_skip, loss_all, rtol=1e-5, atol=1e-6)
+    assert len(grads_skip) == len(grads_all)
+    for g_skip, g_all in zip(grads_skip, grads_all):
+        torch.testing.assert_close(g_skip, g_all, rtol=1e-4, atol=1e-6)
+    share = present.float().mean().item()
+    # the per-agent encoders' arithmetic follows the present share; a state critic's does not
+    assert flops_skip < flops_all * (share + 0.1 if critic_input != "state" else 0.8)

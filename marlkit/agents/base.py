@@ -287,8 +287,10 @@ class OnPolicyAgent(Agent):
     def param_groups(self) -> list[dict]:
         return [{"params": self.modules.parameters(), "lr": self.cfg.lr}]
 
-    def policy(self, obs, state, hidden, episode_start, action_mask):
-        """-> (distribution over ``[L, B, A]`` actions, next actor hidden ``[B, A, H]`` or None)."""
+    def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
+        """-> (distribution over ``[L, B, A]`` actions, next actor hidden ``[B, A, H]`` or None).
+        ``agent_mask`` ``[L, B, A]`` (None: everyone) lets a policy skip absent slots; what it
+        gives for them is then arbitrary, since every use masks them out."""
         raise NotImplementedError
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
@@ -306,7 +308,7 @@ class OnPolicyAgent(Agent):
         """Pick actions for ``[1, E, A, ...]`` inputs (``hidden`` is the actor's ``[E, A, H]``).
         -> (actions ``[1, E, A, ...]``, their log-probs ``[1, E, A]``, next actor hidden or None,
         normalised values ``[1, E, A]`` when picking them computed values anyway, else None)."""
-        dist, hidden = self.policy(obs, state, hidden, None, action_mask)
+        dist, hidden = self.policy(obs, state, hidden, None, action_mask, agent_mask)
         action = dist.sample(self.generator) if explore else dist.mode()
         return action, dist.log_prob(action), hidden, None
 

@@ -226,7 +226,7 @@ class COMA(MAPPO):
         cfg = self.cfg
         present = batch["agent_mask"]
         mask = present.float()
-        dist, _ = self.policy(batch["obs"], batch["state"], None, None, batch["action_mask"])
+        dist, _ = self.policy(batch["obs"], batch["state"], None, None, batch["action_mask"], present)
         policy_loss, info = ppo_policy_loss(dist.log_prob(batch["actions"]), batch["log_prob"], batch["advantages"],
                                             cfg.clip, mask)
         entropy = masked_mean(dist.entropy(), mask)

@@ -27,5 +27,5 @@ class IPPO(MAPPO):
         return init_linear(nn.Linear(critic.out_dim + self._id_width_after(self.group.obs_shape), 1), gain=1.0)
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
-        features, hidden = self.encode_agents(self.modules["critic"], obs, hidden, episode_start)
+        features, hidden = self.encode_agents(self.modules["critic"], obs, hidden, episode_start, present=agent_mask)
         return self.modules["critic_head"](features).squeeze(-1), hidden

@@ -118,26 +118,44 @@ class MAPPO(OnPolicyAgent):
         critic = list(m["critic"].parameters()) + list(m["critic_head"].parameters())
         return [{"params": actor, "lr": self.cfg.lr}, {"params": critic, "lr": self.cfg.critic_lr or self.cfg.lr}]
 
-    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start, ids: bool = True):
+    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start, ids: bool = True,
+                      present: torch.Tensor | None = None):
         """Encode per-agent inputs ``[L, B, A, ...]`` with agents folded into the batch, the agent
-        id joined (``ids``) -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None)."""
+        id joined (``ids``) -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None).
+
+        With ``present`` ``[L, B, A]`` (the agent mask), a feed-forward encoder reads the present
+        slots alone and absent slots get zero features: every loss and pool masks them out, so
+        their features change nothing that is learned or acted on, and in an env where agents die
+        (half of a 48-agent battle is dead on average) they are most of the encoder's work. A
+        recurrent encoder reads every slot: its memory runs through them in time order."""
         L, B, A = x.shape[:3]
         shape = tuple(x.shape[3:])
         if ids and self._id_at_input(shape):
             x = torch.cat([x.float(), self._ids(L, B, x.device)], -1)
+        if present is not None and not encoder.is_recurrent and not bool(present.all()):
+            rows = present.reshape(-1).nonzero().squeeze(1)
+            features = torch.zeros(L * B * A, encoder.out_dim, device=x.device)
+            if len(rows):
+                encoded, _ = encoder(x.reshape(L * B * A, *x.shape[3:]).index_select(0, rows).unsqueeze(0))
+                features = features.index_copy(0, rows, encoded[0])                          # [N, F] placed
+            return self._join_ids(features.reshape(L, B, A, -1), shape, ids), None
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.reshape(L, B * A) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
-        features = features.reshape(L, B, A, -1)
+        return self._join_ids(features.reshape(L, B, A, -1), shape, ids), (h.reshape(B, A, -1) if h is not None else None)
+
+    def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
+        """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
         if ids and self._id_width_after(shape):
-            features = torch.cat([features, self._ids(L, B, x.device)], -1)
-        return features, (h.reshape(B, A, -1) if h is not None else None)
+            L, B = features.shape[:2]
+            features = torch.cat([features, self._ids(L, B, features.device)], -1)
+        return features
 
     def _ids(self, L: int, B: int, device) -> torch.Tensor:
         return torch.eye(self.n_agents, dtype=torch.float32, device=device).expand(L, B, -1, -1)
 
-    def policy(self, obs, state, hidden, episode_start, action_mask):
-        features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start)
+    def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
+        features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start, present=agent_mask)
         return self.modules["actor_head"](features, action_mask), hidden
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
@@ -149,7 +167,7 @@ class MAPPO(OnPolicyAgent):
         critic encodes ``obs [L, B, A, ...]`` per agent and pools over ``agent_mask``."""
         encoder, head = self.modules["critic"], self.modules["critic_head"]
         if self.pooled_critic:
-            features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False)
+            features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False, present=agent_mask)
             return head(features, agent_mask), hidden
         if encoder.is_recurrent:
             L, B, A = state.shape[0], state.shape[1], self.n_agents
@@ -168,7 +186,8 @@ class MAPPO(OnPolicyAgent):
         mask = batch["agent_mask"].float()
         h_actor, h_critic = self.split_hidden(batch["hidden"][0]) if "hidden" in batch else (None, None)
         action_mask = batch["action_mask"] if self.group.n_actions else None
-        dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask)
+        dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask,
+                              batch["agent_mask"])
         log_prob = dist.log_prob(batch["actions"])
         policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
         entropy = masked_mean(dist.entropy(), mask)

@@ -40,7 +40,7 @@ class MLP(Encoder):
         self._first = linear[0] if linear else None
 
     def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
-        x = as_float(x.reshape(x.shape[0], -1))
+        x = as_float(x.flatten(1))
         if not n_ids:
             return self.net(x)
         if self._first is None:   # no hidden layer: nothing to share
