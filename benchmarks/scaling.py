@@ -2,7 +2,7 @@
 (``red_*``, ``blue_*``) with 13x13x5 uint8 image observations and agents that die, for several N.
 
     python benchmarks/scaling.py [--agents 4 12 24 48] [--steps 20000] [--parallels 16]
-                                 [--critics pooled state] [--profile-steps 5000]
+                                 [--critics pooled state every_slot] [--profile-steps 5000]
                                  [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
 For every N, measured alternately in one process: env-steps/s and agent-steps/s (agents acting,
@@ -10,7 +10,8 @@ the dead ones not counted) of raw stepping (the bare ParallelEnv, and marlkit's 
 random actions) and of MAPPO training with the default config, once per critic input of
 ``--critics`` (``agents.MAPPO.critic_input``: the env has no ``state()``, so ``pooled``, the
 default here, pools the agents' views; ``state`` reads the default global state, the views
-stacked), then a cProfile of a short training run with the first critic: its top entries by own
+stacked; ``every_slot``: the state critic with every agent slot, dead or alive, through the
+networks, as training ran before it skipped absent slots: the baseline the others are held to), then a cProfile of a short training run with the first critic: its top entries by own
 time, and per critic the compute ceiling: the matrix arithmetic of a short training run (torch's
 FlopCounterMode: matmuls and convolutions, forward and backward) per agent step, against this
 machine's best matmul rate on all its cores, gives the most agent-steps/s any implementation of
@@ -26,6 +27,7 @@ import pstats
 import statistics
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -92,11 +94,27 @@ def vector_env(cfg, steps: int) -> dict:
     return {"env_steps_per_s": rate, "agent_steps_per_s": counter.count / stats["seconds"]}
 
 
+CRITICS = {"pooled": "pooled", "state": "state", "every_slot": "state"}   # --critics -> critic_input
+
+
+@contextmanager
+def every_slot(on: bool):
+    """MAPPO's encoders read absent agent slots too (the present mask is dropped), while ``on``."""
+    from marlkit.agents.mappo import MAPPO
+    encode = MAPPO.encode_agents
+    if on:
+        MAPPO.encode_agents = lambda self, *args, present=None, **kw: encode(self, *args, **kw)
+    try:
+        yield
+    finally:
+        MAPPO.encode_agents = encode
+
+
 def train(yaml_path: str, overrides: dict, steps: int, profile: cProfile.Profile | None = None) -> dict:
-    with AgentStepCounter() as counter:
+    with AgentStepCounter() as counter, every_slot(overrides.get("every_slot", False)):
         if profile is not None:
             profile.enable()
-        result = harness.train("MAPPO", yaml_path, steps, overrides)
+        result = harness.train("MAPPO", yaml_path, steps, {k: v for k, v in overrides.items() if k != "every_slot"})
         if profile is not None:
             profile.disable()
     # the training loop's own time: building agents and envs is left out
@@ -152,8 +170,8 @@ def main() -> None:
     p.add_argument("--agents", nargs="+", type=int, default=[4, 12, 24, 48], help="values of N")
     p.add_argument("--steps", type=int, default=20_000, help="env steps per measurement")
     p.add_argument("--parallels", type=int, default=16)
-    p.add_argument("--critics", nargs="+", default=["pooled", "state"], choices=["pooled", "state"],
-                   help="MAPPO critic inputs to train with")
+    p.add_argument("--critics", nargs="+", default=["pooled", "state", "every_slot"], choices=list(CRITICS),
+                   help="MAPPO critic inputs to train with (every_slot: state, absent slots not skipped)")
     p.add_argument("--profile-steps", type=int, default=5_000)
     args = harness.parse_args(p)
 
@@ -171,7 +189,8 @@ def main() -> None:
         for n in args.agents:
             path = env_yaml(Path(folder), n)
             cfg = build_config("MAPPO", path, **overrides)
-            critic = {c: {**overrides, "agents.MAPPO.critic_input": c} for c in args.critics}
+            critic = {c: {**overrides, "agents.MAPPO.critic_input": CRITICS[c], "every_slot": c == "every_slot"}
+                      for c in args.critics}
             sides = {"bare": lambda: bare_env(n, max(1, args.steps // 4)),
                      "vector": lambda: vector_env(cfg, args.steps),
                      **{f"train_{c}": lambda c=c: train(path, critic[c], args.steps) for c in args.critics}}
