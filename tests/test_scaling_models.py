@@ -77,12 +77,15 @@ def test_mlp_takes_non_flat_vector_observations(use_agent_id):
 
 @pytest.mark.parametrize("layer_norm", [True, False])
 @pytest.mark.parametrize("scale", [1.0, 255.0])
-def test_mlp_values_all_ids_at_once_as_if_each_were_appended(layer_norm, scale):
-    """MAPPO's mlp critic on ``[state, one-hot id]`` computes its first layer once per env step:
-    the features equal those of the n explicit inputs (state-sized pixels included)."""
+@pytest.mark.parametrize("shared", [True, False])
+def test_mlp_values_all_ids_at_once_as_if_each_were_appended(layer_norm, scale, shared):
+    """MAPPO's mlp critic on ``[state, one-hot id]`` computes its first layer once per env step
+    (``shared``, for wide inputs) or copies the input per id (narrow ones): either way the features
+    equal those of the n explicit inputs (state-sized pixels included)."""
     torch.manual_seed(0)
     S, n = 40, 5
     mlp = MLP((S + n,), ModelConfig(name="mlp", hidden_sizes=[16, 16], layer_norm=layer_norm))
+    mlp.share_ids_from = 0 if shared else S * n + 1
     with torch.no_grad():
         for p in mlp.parameters():
             p.add_(torch.randn_like(p) * 0.1)    # LayerNorm gains and shifts away from 1 and 0
