@@ -11,8 +11,9 @@ random actions) and of MAPPO training with the default config, once per critic i
 ``--critics`` (``agents.MAPPO.critic_input``: the env has no ``state()``, so ``pooled``, the
 default here, pools the agents' views; ``state`` reads the default global state, the views
 stacked; ``every_slot``: the state critic with every agent slot, dead or alive, through the
-networks, as training ran before it skipped absent slots: the baseline the others are held to), then a cProfile of a short training run with the first critic: its top entries by own
-time, and per critic the compute ceiling: the matrix arithmetic of a short training run (torch's
+networks, as training ran before it skipped absent slots: the baseline the others are held to),
+then a cProfile of a short training run with the first critic: its top entries by own time,
+and per critic the compute ceiling: the matrix arithmetic of a short training run (torch's
 FlopCounterMode: matmuls and convolutions, forward and backward) per agent step, against this
 machine's best matmul rate on all its cores, gives the most agent-steps/s any implementation of
 that update could reach here. Writes benchmarks/results/scaling[_NAME].json.

@@ -137,12 +137,13 @@ class MAPPO(OnPolicyAgent):
             features = torch.zeros(L * B * A, encoder.out_dim, device=x.device)
             if len(rows):
                 encoded, _ = encoder(x.reshape(L * B * A, *x.shape[3:]).index_select(0, rows).unsqueeze(0))
-                features = features.index_copy(0, rows, encoded[0])                          # [N, F] placed
+                features = features.index_copy(0, rows, encoded[0])
             return self._join_ids(features.reshape(L, B, A, -1), shape, ids), None
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.reshape(L, B * A) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
-        return self._join_ids(features.reshape(L, B, A, -1), shape, ids), (h.reshape(B, A, -1) if h is not None else None)
+        h = h.reshape(B, A, -1) if h is not None else None
+        return self._join_ids(features.reshape(L, B, A, -1), shape, ids), h
 
     def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
