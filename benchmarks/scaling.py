@@ -111,11 +111,13 @@ def every_slot(on: bool):
         MAPPO.encode_agents = encode
 
 
-def train(yaml_path: str, overrides: dict, steps: int, profile: cProfile.Profile | None = None) -> dict:
-    with AgentStepCounter() as counter, every_slot(overrides.get("every_slot", False)):
+def train(yaml_path: str, critic: str, overrides: dict, steps: int, profile: cProfile.Profile | None = None) -> dict:
+    """MAPPO with ``critic`` (a ``--critics`` choice) for ``steps`` env steps."""
+    overrides = {**overrides, "agents.MAPPO.critic_input": CRITICS[critic]}
+    with AgentStepCounter() as counter, every_slot(critic == "every_slot"):
         if profile is not None:
             profile.enable()
-        result = harness.train("MAPPO", yaml_path, steps, {k: v for k, v in overrides.items() if k != "every_slot"})
+        result = harness.train("MAPPO", yaml_path, steps, overrides)
         if profile is not None:
             profile.disable()
     # the training loop's own time: building agents and envs is left out
@@ -124,13 +126,13 @@ def train(yaml_path: str, overrides: dict, steps: int, profile: cProfile.Profile
     return {"env_steps_per_s": rate, "agent_steps_per_s": counter.count / seconds, "seconds": seconds}
 
 
-def train_flops(yaml_path: str, overrides: dict, steps: int) -> float:
-    """Matmul and convolution FLOPs per env step of a training run (acting and updates). Per env
-    step, not per acting agent: the networks run over every agent slot, alive or not, so the
-    count does not depend on how many agents a short run happens to keep alive."""
+def train_flops(yaml_path: str, critic: str, overrides: dict, steps: int) -> float:
+    """Matmul and convolution FLOPs per env step of a training run (acting and updates). The
+    networks skip absent slots (but for ``every_slot``), so the count follows how many agents this
+    short run keeps alive; the caller divides it by the agents acting per step of the timed runs."""
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:
-        run = train(yaml_path, overrides, steps)
+        run = train(yaml_path, critic, overrides, steps)
     return counter.get_total_flops() / (run["env_steps_per_s"] * run["seconds"])
 
 
@@ -190,19 +192,17 @@ def main() -> None:
         for n in args.agents:
             path = env_yaml(Path(folder), n)
             cfg = build_config("MAPPO", path, **overrides)
-            critic = {c: {**overrides, "agents.MAPPO.critic_input": CRITICS[c], "every_slot": c == "every_slot"}
-                      for c in args.critics}
             sides = {"bare": lambda: bare_env(n, max(1, args.steps // 4)),
                      "vector": lambda: vector_env(cfg, args.steps),
-                     **{f"train_{c}": lambda c=c: train(path, critic[c], args.steps) for c in args.critics}}
+                     **{f"train_{c}": lambda c=c: train(path, c, overrides, args.steps) for c in args.critics}}
             samples, med = harness.measure(sides, args.repeats, label=f"N={n}: ")
             profile = cProfile.Profile()
-            train(path, critic[args.critics[0]], args.profile_steps, profile)
+            train(path, args.critics[0], overrides, args.profile_steps, profile)
             row = {"n_agents": n, "state_shape": list(cfg_state_shape(cfg)), "samples": samples, "median": med,
                    "agents_acting_per_step": statistics.mean(s["agents_acting_per_step"] for s in samples["bare"]),
                    "critics": {}, "profile_critic": args.critics[0], "profile_top": top_entries(profile)}
             for c in args.critics:
-                flops = train_flops(path, critic[c], args.profile_steps)
+                flops = train_flops(path, c, overrides, args.profile_steps)
                 trained = med[f"train_{c}"]
                 acting = trained["agent_steps_per_s"] / trained["env_steps_per_s"]
                 row["critics"][c] = {
