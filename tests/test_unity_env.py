@@ -648,6 +648,26 @@ def test_a_killed_parent_takes_its_builds_and_their_children_along(tmp_path):
             proc.wait()
 
 
+def test_a_parent_killed_before_the_build_is_recorded_never_runs_it(tmp_path):
+    """SIGKILL between the build's start and its record with the watcher (forced here by dying
+    in place of the record): the build never runs its command, so nothing is left unwatched."""
+    import subprocess
+
+    script, pids = launcher(tmp_path)
+    body = ("import os, signal, subprocess\nfrom marlkit.envs import processes\n"
+            "processes._tell = lambda line: os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"processes.launch([{script!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n")
+    path = tmp_path / "killed.py"
+    path.write_text(body)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == -9, out.stderr
+    time.sleep(1.0)   # the launcher would have written its pids by now
+    ran = launched(pids, 2) if pids.exists() else []
+    for pid in ran:
+        os.kill(pid, 9)
+    assert ran == []
+
+
 @pytest.mark.parametrize("parallels", [1, 2])
 def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
     """Ctrl+C while marlkit waits inside ML-Agents' constructor for the builds to connect (in

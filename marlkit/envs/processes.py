@@ -7,7 +7,8 @@ reaches marlkit alone, which then stops its processes in order. Each group is re
 moment it exists:
 
 - :func:`launch` holds SIGINT and SIGTERM back while the process starts and is recorded, so that
-  an interrupt at that moment unwinds a caller that already holds the process;
+  an interrupt at that moment unwinds a caller that already holds the process; the process runs
+  its command only once recorded, and never if the launching process dies before;
 - a watcher process, one per launching process and started with its first launch, is told every
   group; when the launching process is gone (an exception, SIGTERM, SIGKILL, a plain exit without
   cleanup) its pipe closes and the watcher kills every group still recorded;
@@ -113,14 +114,30 @@ def _signals_held():
             signal.raise_signal(signum)
 
 
+# The launched shell waits for a line on its stdin before it becomes ``args`` (whose stdin is then
+# /dev/null): the process can start nothing until its group is recorded with the watcher, and if
+# the launching process dies before that (the pipe closes without a line) it exits instead of
+# running unwatched.
+_GATE = 'read -r _ || exit 1; exec "$@" </dev/null'
+
+
 def launch(args: list[str], **popen_kwargs) -> subprocess.Popen:
-    """Start ``args`` in a session of its own, recorded with the watcher before anything can
-    interrupt the caller."""
+    """Start ``args`` in a session of its own, recorded with the watcher before it runs and before
+    anything can interrupt the caller. Its stdin is /dev/null."""
     with _signals_held():
-        proc = subprocess.Popen(args, start_new_session=True, **popen_kwargs)
-        with _lock:
-            _groups.add(proc.pid)
-            _tell(f"{proc.pid}\n")
+        gate_read, gate_write = os.pipe()
+        try:
+            proc = subprocess.Popen(["/bin/sh", "-c", _GATE, "marlkit-launch", *args], start_new_session=True,
+                                    stdin=gate_read, **popen_kwargs)
+        finally:
+            os.close(gate_read)
+        try:
+            with _lock:
+                _groups.add(proc.pid)
+                _tell(f"{proc.pid}\n")
+            os.write(gate_write, b"\n")
+        finally:
+            os.close(gate_write)
     return proc
 
 

@@ -15,6 +15,7 @@ Imported only when a unity env is built (it imports mlagents-envs).
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 
@@ -51,10 +52,9 @@ class Player(UnityEnvironment):
             if launch_string is None:
                 raise UnityEnvironmentException(f"Couldn't launch the {self._build} environment. "
                                                 "Provided filename does not match any environments.")
-            try:
-                self._process = processes.launch([launch_string, *self._executable_args()])
-            except PermissionError:
-                raise UnityEnvironmentException(f"{launch_string} is not executable; chmod +x it") from None
+            if not os.access(launch_string, os.X_OK):
+                raise UnityEnvironmentException(f"{launch_string} is not executable; chmod +x it")
+            self._process = processes.launch([launch_string, *self._executable_args()])
         return super()._send_academy_parameters(init_parameters)
 
     def _close(self, timeout: float | None = None) -> None:
