@@ -95,6 +95,38 @@ def test_mlp_values_all_ids_at_once_as_if_each_were_appended(layer_norm, scale, 
     torch.testing.assert_close(mlp.encode(x, n_ids=n), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("n_ids", [0, 5])
+def test_mlp_folds_its_input_norm_into_the_first_layer_with_the_same_values_and_gradients(n_ids):
+    """The input LayerNorm's gain and shift are folded into the first Linear (on ``[x, id]`` for
+    every id at once too): the features and every parameter's gradient are those of the layers
+    applied one by one, and the backward needs no gradient of the wide input, so its matrix
+    arithmetic is the first layer's weight gradient alone."""
+    from torch.utils.flop_counter import FlopCounterMode
+    torch.manual_seed(0)
+    S, N = 400, 32
+    mlp = MLP((S + n_ids,), ModelConfig(name="mlp", hidden_sizes=[64, 8]))
+    mlp.share_ids_from = 0
+    with torch.no_grad():
+        for p in mlp.parameters():
+            p.add_(torch.randn_like(p) * 0.1)    # LayerNorm gains and shifts away from 1 and 0
+    x = torch.rand(N, S)
+    explicit = torch.cat([x.unsqueeze(1).expand(-1, n_ids, -1), torch.eye(n_ids).expand(N, -1, -1)], -1) if n_ids else x
+    params = list(mlp.parameters())
+
+    def backward_flops(features):
+        with FlopCounterMode(display=False) as counter:
+            grads = torch.autograd.grad(features.square().sum(), params)
+        return grads, counter.get_total_flops()
+
+    folded, folded_flops = backward_flops(mlp.encode(x, n_ids=n_ids))
+    plain, plain_flops = backward_flops(mlp.net(explicit))
+    torch.testing.assert_close(mlp.encode(x, n_ids=n_ids), mlp.net(explicit), rtol=1e-4, atol=1e-4)
+    for got, want in zip(folded, plain):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    first = 2 * N * S * 64   # one [N, S] x [S, 64] product
+    assert plain_flops >= 2 * first and folded_flops < 1.5 * first   # no second product of that size
+
+
 def test_mappo_mlp_critic_is_one_network_on_state_and_id():
     agent = _agent("MAPPO", _group((6,)), (10,))
     assert agent.modules["critic"].net[0].normalized_shape == (13,)      # state 10 + 3 ids

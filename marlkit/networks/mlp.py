@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from marlkit.config import ModelConfig
@@ -46,11 +47,23 @@ class MLP(Encoder):
     def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
         x = as_float(x.flatten(1))
         if not n_ids:
-            return self.net(x)
+            return self._forward(x)
         if self._first is None or x.shape[-1] * n_ids < self.share_ids_from:
             ids = torch.eye(n_ids, device=x.device).expand(len(x), -1, -1)
-            return self.net(torch.cat([x.unsqueeze(1).expand(-1, n_ids, -1), ids], -1))
+            return self._forward(torch.cat([x.unsqueeze(1).expand(-1, n_ids, -1), ids], -1))
         return self.net[self._first + 1:](self._first_layer_with_ids(x, n_ids))
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``net``, with the input LayerNorm's gain and shift folded into the first Linear's weight
+        and bias: the same function, but the backward then needs the gradient of that Linear's
+        weight alone, not of its input, the widest product of the backward where observations are
+        wide (a 13x13x5 view: 1.1 of 4.5 MFLOP per agent step of training)."""
+        if self._first != 1:
+            return self.net(x)
+        norm, linear = self.net[0], self.net[1]
+        normalised = F.layer_norm(x, norm.normalized_shape, None, None, norm.eps)
+        first = F.linear(normalised, linear.weight * norm.weight, torch.addmv(linear.bias, linear.weight, norm.bias))
+        return self.net[2:](first)
 
     def _first_layer_with_ids(self, x: torch.Tensor, n: int) -> torch.Tensor:
         """The input LayerNorm and first Linear of ``[x, one-hot(i)]`` for every ``i < n`` ->
@@ -70,6 +83,7 @@ class MLP(Encoder):
         sq = (centred * centred).sum(-1, keepdim=True) + (1.0 - mean) ** 2 + (n - 1) * mean * mean
         rstd = torch.rsqrt(sq / (S + n) + norm.eps)
         shared_id = (-mean * rstd) * gain_id + shift_id                  # [N, n]: every id slot as a 0
-        shared = (centred * rstd * gain_x + shift_x) @ w_x.T + shared_id @ w_id.T + linear.bias   # [N, F]
+        # the gain folded into the weight, as in _forward: no gradient of the [N, S] input is needed
+        shared = (centred * rstd) @ (w_x * gain_x).T + (shift_x @ w_x.T + shared_id @ w_id.T + linear.bias)  # [N, F]
         hot = (rstd * gain_id).unsqueeze(-1) * w_id.T                    # [N, n, F]: the 1 of id i
         return shared.unsqueeze(1) + hot
