@@ -2,14 +2,15 @@
 (``red_*``, ``blue_*``) with 13x13x5 uint8 image observations and agents that die, for several N.
 
     python benchmarks/scaling.py [--agents 4 12 24 48] [--steps 20000] [--parallels 16]
-                                 [--critics pooled state every_slot] [--profile-steps 5000]
+                                 [--critics pooled shared state every_slot] [--profile-steps 5000]
                                  [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
 For every N, measured alternately in one process: env-steps/s and agent-steps/s (agents acting,
 the dead ones not counted) of raw stepping (the bare ParallelEnv, and marlkit's vector env with
-random actions) and of MAPPO training with the default config, once per critic input of
-``--critics`` (``agents.MAPPO.critic_input``: the env has no ``state()``, so ``pooled``, the
-default here, pools the agents' views; ``state`` reads the default global state, the views
+random actions) and of MAPPO training with the default config, once per critic of ``--critics``
+(``agents.MAPPO.critic_input`` and ``critic_encoder``: the env has no ``state()``, so ``pooled``
+pools the agents' views, each through the critic's own encoder; ``shared`` pools them through
+the actor's encoder, one pass serving both; ``state`` reads the default global state, the views
 stacked; ``every_slot``: the state critic with every agent slot, dead or alive, through the
 networks, as training ran before it skipped absent slots: the baseline the others are held to),
 then a cProfile of a short training run with the first critic: its top entries by own time,
@@ -95,7 +96,11 @@ def vector_env(cfg, steps: int) -> dict:
     return {"env_steps_per_s": rate, "agent_steps_per_s": counter.count / stats["seconds"]}
 
 
-CRITICS = {"pooled": "pooled", "state": "state", "every_slot": "state"}   # --critics -> critic_input
+CRITICS = {   # --critics -> MAPPO's critic settings
+    "pooled": {"critic_input": "pooled", "critic_encoder": "own"},
+    "shared": {"critic_input": "pooled", "critic_encoder": "actor"},
+    "state": {"critic_input": "state", "critic_encoder": "own"},
+    "every_slot": {"critic_input": "state", "critic_encoder": "own"}}
 
 
 @contextmanager
@@ -113,7 +118,7 @@ def every_slot(on: bool):
 
 def train(yaml_path: str, critic: str, overrides: dict, steps: int, profile: cProfile.Profile | None = None) -> dict:
     """MAPPO with ``critic`` (a ``--critics`` choice) for ``steps`` env steps."""
-    overrides = {**overrides, "agents.MAPPO.critic_input": CRITICS[critic]}
+    overrides = {**overrides, **{f"agents.MAPPO.{k}": v for k, v in CRITICS[critic].items()}}
     with AgentStepCounter() as counter, every_slot(critic == "every_slot"):
         if profile is not None:
             profile.enable()
@@ -126,14 +131,16 @@ def train(yaml_path: str, critic: str, overrides: dict, steps: int, profile: cPr
     return {"env_steps_per_s": rate, "agent_steps_per_s": counter.count / seconds, "seconds": seconds}
 
 
-def train_flops(yaml_path: str, critic: str, overrides: dict, steps: int) -> float:
-    """Matmul and convolution FLOPs per env step of a training run (acting and updates). The
-    networks skip absent slots (but for ``every_slot``), so the count follows how many agents this
-    short run keeps alive; the caller divides it by the agents acting per step of the timed runs."""
+def train_flops(yaml_path: str, critic: str, overrides: dict, steps: int) -> tuple[float, float]:
+    """Matmul and convolution FLOPs of a training run (acting and updates) -> (per env step, per
+    agent acting). The networks skip absent slots (but for ``every_slot``), so the count follows
+    how many agents are alive: both are divided by the steps of this run itself, whose early
+    episodes keep more agents alive than the average of a longer one."""
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:
         run = train(yaml_path, critic, overrides, steps)
-    return counter.get_total_flops() / (run["env_steps_per_s"] * run["seconds"])
+    flops = counter.get_total_flops()
+    return flops / (run["env_steps_per_s"] * run["seconds"]), flops / (run["agent_steps_per_s"] * run["seconds"])
 
 
 def matmul_peak() -> float:
@@ -202,13 +209,12 @@ def main() -> None:
                    "agents_acting_per_step": statistics.mean(s["agents_acting_per_step"] for s in samples["bare"]),
                    "critics": {}, "profile_critic": args.critics[0], "profile_top": top_entries(profile)}
             for c in args.critics:
-                flops = train_flops(path, c, overrides, args.profile_steps)
+                per_env_step, per_agent_step = train_flops(path, c, overrides, args.profile_steps)
                 trained = med[f"train_{c}"]
-                acting = trained["agent_steps_per_s"] / trained["env_steps_per_s"]
                 row["critics"][c] = {
-                    "train_flops_per_env_step": flops, "train_flops_per_agent_step": flops / acting,
+                    "train_flops_per_env_step": per_env_step, "train_flops_per_agent_step": per_agent_step,
                     # no implementation of this update can train faster here than its arithmetic at peak
-                    "ceiling_agent_steps_per_s": report["matmul_peak_flops"] / flops * acting,
+                    "ceiling_agent_steps_per_s": report["matmul_peak_flops"] / per_agent_step,
                     "train_over_vector_agent_steps": trained["agent_steps_per_s"] / med["vector"]["agent_steps_per_s"],
                     "train_over_bare_agent_steps": trained["agent_steps_per_s"] / med["bare"]["agent_steps_per_s"]}
             report["rows"].append(row)

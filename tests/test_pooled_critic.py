@@ -178,26 +178,38 @@ def test_a_group_of_mismatched_views_is_refused_before_training(env_yaml, tmp_pa
                                                                 "runner.total_steps": 8})
 
 
-@pytest.mark.parametrize("agent_name,critic_input", [("MAPPO", "pooled"), ("MAPPO", "state"), ("IPPO", None)])
+def _image_agent(agent_name: str, critic: str | None, n_agents: int = 8):
+    """``agent_name`` on a group of 13x13x5 views; ``critic``: MAPPO's critic_input, or ``shared``
+    (pooled on the actor's encoder)."""
+    agent_cfg = build_config(agent_name, "mpe_spread").agents[agent_name]
+    if critic:
+        agent_cfg.critic_input = "pooled" if critic == "shared" else critic
+        agent_cfg.critic_encoder = "actor" if critic == "shared" else "own"
+    return get_agent(agent_name)(_group((13, 13, 5), n_agents, np.uint8), (5 * n_agents, 13, 13), agent_cfg,
+                                 num_envs=4, horizon=6, seed=0, state_from_obs=True)
+
+
+def _image_batch(n_agents: int, absent_share: float) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    L, B, A = 6, 4, n_agents
+    return {"obs": torch.randint(0, 256, (L, B, A, 13, 13, 5), dtype=torch.uint8, generator=gen),
+            "state": torch.randint(0, 256, (L, B, 5 * A, 13, 13), dtype=torch.uint8, generator=gen).float() / 255,
+            "agent_mask": torch.rand(L, B, A, generator=gen) > absent_share,
+            "action_mask": torch.ones(L, B, A, 4, dtype=torch.bool),
+            "actions": torch.randint(0, 4, (L, B, A), generator=gen), "log_prob": torch.full((L, B, A), -1.4),
+            "advantages": torch.randn(L, B, A, generator=gen), "returns": torch.randn(L, B, A, generator=gen),
+            "old_value": torch.randn(L, B, A, generator=gen), "episode_start": torch.zeros(L, B, A, dtype=torch.bool)}
+
+
+@pytest.mark.parametrize("agent_name,critic_input", [("MAPPO", "pooled"), ("MAPPO", "shared"), ("MAPPO", "state"),
+                                                     ("IPPO", None)])
 def test_absent_slots_are_skipped_with_the_same_loss_and_gradients(agent_name, critic_input):
     """The feed-forward encoders read the present slots alone: the loss and every gradient are
     those of encoding every slot, and the arithmetic follows the agents present."""
     n_agents, absent_share = 8, 0.5
-    group = _group((13, 13, 5), n_agents, np.uint8)
-    agent_cfg = build_config(agent_name, "mpe_spread").agents[agent_name]
-    if critic_input:
-        agent_cfg.critic_input = critic_input
-    agent = get_agent(agent_name)(group, (5 * n_agents, 13, 13), agent_cfg, num_envs=4, horizon=6, seed=0,
-                                  state_from_obs=True)
-    gen = torch.Generator().manual_seed(0)
-    L, B, A = 6, 4, n_agents
-    present = torch.rand(L, B, A, generator=gen) > absent_share
-    batch = {"obs": torch.randint(0, 256, (L, B, A, 13, 13, 5), dtype=torch.uint8, generator=gen),
-             "state": torch.randint(0, 256, (L, B, 5 * A, 13, 13), dtype=torch.uint8, generator=gen).float() / 255,
-             "agent_mask": present, "action_mask": torch.ones(L, B, A, 4, dtype=torch.bool),
-             "actions": torch.randint(0, 4, (L, B, A), generator=gen), "log_prob": torch.full((L, B, A), -1.4),
-             "advantages": torch.randn(L, B, A, generator=gen), "returns": torch.randn(L, B, A, generator=gen),
-             "old_value": torch.randn(L, B, A, generator=gen), "episode_start": torch.zeros(L, B, A, dtype=torch.bool)}
+    agent = _image_agent(agent_name, critic_input, n_agents)
+    batch = _image_batch(n_agents, absent_share)
+    present = batch["agent_mask"]
 
     def loss_and_grads(skip: bool):
         encode = type(agent).encode_agents
@@ -222,3 +234,41 @@ def test_absent_slots_are_skipped_with_the_same_loss_and_gradients(agent_name, c
     share = present.float().mean().item()
     # the per-agent encoders' arithmetic follows the present share; a state critic's does not
     assert flops_skip < flops_all * (share + 0.1 if critic_input != "state" else 0.8)
+
+
+def test_a_critic_on_the_actors_encoder_adds_a_head_alone_and_the_value_loss_trains_the_encoder():
+    """``critic_encoder: actor``: no critic encoder is built, every parameter is optimised once,
+    the value loss alone moves the actor's encoder (advantages of zero: no policy gradient), and
+    the update's arithmetic is that of the actor and a small head, under 0.6 of a pooled critic
+    with an encoder of its own."""
+    shared, own = _image_agent("MAPPO", "shared"), _image_agent("MAPPO", "pooled")
+    assert "critic" not in shared.modules and "critic" in own.modules
+    optimised = [p for group in shared.optimizer.param_groups for p in group["params"]]
+    assert len(optimised) == len({id(p) for p in optimised}) == len(list(shared.modules.parameters()))
+
+    batch = {**_image_batch(8, 0.3), "advantages": torch.zeros(6, 4, 8)}
+    flops = {}
+    for name, agent in (("shared", shared), ("own", own)):
+        agent.cfg.entropy_coef = 0.0
+        agent.modules.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as counter:
+            loss, info = agent.loss(batch)
+            loss.backward()
+        flops[name] = counter.get_total_flops()
+        assert info["policy_loss"] == 0.0
+        encoder_grad = sum(p.grad.abs().sum() for p in agent.modules["actor"].parameters() if p.grad is not None)
+        assert (encoder_grad > 0) == (name == "shared"), name
+    assert flops["shared"] < 0.6 * flops["own"], flops
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"agents.MAPPO.critic_input": "state"},
+     r"agents\.MAPPO\.critic_encoder=actor .* agents\.MAPPO\.critic_input=state; "
+     r"set agents\.MAPPO\.critic_input to pooled"),
+    ({"agents.MAPPO.actor": {"name": "gru"}, "agents.MAPPO.critic_input": "pooled"},
+     r"agents\.MAPPO\.critic_encoder=actor needs a feed-forward actor, .*agents\.MAPPO\.actor\.name=gru is recurrent; "
+     r"set agents\.MAPPO\.critic_encoder to own"),
+])
+def test_a_critic_on_the_actors_encoder_that_cannot_work_is_refused_naming_the_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder": "actor", **overrides})

@@ -26,10 +26,16 @@ class MAPPOConfig(OnPolicyConfig):
     none), encoded once per env step; ``pooled``, each agent's observation through the ``critic``
     model, pooled over the group (``pool``: mean, max or attention; ``marlkit/networks/pooled.py``),
     whose cost per agent does not grow with the number of agents; ``auto``: ``pooled`` where the
-    env's state was built from the observations (``EnvSpec.state_from_obs``), else ``state``."""
+    env's state was built from the observations (``EnvSpec.state_from_obs``), else ``state``.
+
+    ``critic_encoder`` is what encodes the observations for a pooled critic: ``own``, the
+    ``critic`` model; ``actor``, the actor's encoder, one pass serving both (the value loss trains
+    it too, as in PPO with a shared trunk), so the critic costs a pool and a small head per agent.
+    """
 
     critic_input: Literal["auto", "state", "pooled"] = "auto"
     pool: Literal["mean", "max", "attention"] = "mean"
+    critic_encoder: Literal["own", "actor"] = "own"
 
 
 @register_agent("MAPPO")
@@ -54,6 +60,23 @@ class MAPPO(OnPolicyAgent):
     @property
     def pooled_critic(self) -> bool:
         return self.pools(self.cfg, self.state_from_obs)
+
+    @property
+    def shares_encoder(self) -> bool:
+        """The pooled critic reads the actor's encodings (``critic_encoder: actor``)."""
+        return self.pooled_critic and getattr(self.cfg, "critic_encoder", "own") == "actor"
+
+    @classmethod
+    def check_config(cls, cfg, runner, key: str) -> None:
+        super().check_config(cfg, runner, key)
+        if getattr(cfg, "critic_encoder", "own") == "actor":
+            if cfg.critic_input == "state":
+                raise ConfigError(f"{key}.critic_encoder=actor shares the actor's encoder with a pooled critic, but "
+                                  f"{key}.critic_input=state; set {key}.critic_input to pooled (or auto), or "
+                                  f"{key}.critic_encoder to own")
+            if get_model(cfg.actor.name).is_recurrent:
+                raise ConfigError(f"{key}.critic_encoder=actor needs a feed-forward actor, and {key}.actor.name="
+                                  f"{cfg.actor.name} is recurrent; set {key}.critic_encoder to own")
 
     @classmethod
     def stores_state(cls, cfg, state_from_obs: bool) -> bool:
@@ -90,9 +113,11 @@ class MAPPO(OnPolicyAgent):
     def build(self) -> dict[str, nn.Module]:
         obs_shape = self.group.obs_shape
         actor = self._encoder("actor", obs_shape, per_agent=True)
-        critic = self.critic_encoder()
+        critic = None if self.shares_encoder else self.critic_encoder()   # drawn before the head, as always
         head = ActionHead(self.group.action_space, actor.out_dim + self._id_width_after(obs_shape),
                           self.cfg.log_std_init)
+        if critic is None:
+            return {"actor": actor, "actor_head": head, "critic_head": self.pooled_head(actor.out_dim)}
         return {"actor": actor, "actor_head": head, "critic": critic, "critic_head": self.critic_head(critic)}
 
     def _critic_takes_ids(self) -> bool:
@@ -105,23 +130,28 @@ class MAPPO(OnPolicyAgent):
             return self._encoder("critic", (flat_size(self.state_shape) + self.n_agents,), per_agent=False)
         return self._encoder("critic", self.state_shape, per_agent=False)
 
+    def pooled_head(self, features: int) -> PooledValueHead:
+        return PooledValueHead(features, self.n_agents if self.cfg.use_agent_id else 0, self.cfg.pool,
+                               self.cfg.critic.activation)
+
     def critic_head(self, critic: Encoder) -> nn.Module:
         if self.pooled_critic:
-            return PooledValueHead(critic.out_dim, self.n_agents if self.cfg.use_agent_id else 0, self.cfg.pool,
-                                   self.cfg.critic.activation)
+            return self.pooled_head(critic.out_dim)
         return SharedValueHead(critic.out_dim, self.n_agents, self.cfg.use_agent_id, self.cfg.critic.activation,
                                ids_in_encoder=critic.takes_ids and self._critic_takes_ids())
 
     def param_groups(self) -> list[dict]:
         m = self.modules
         actor = list(m["actor"].parameters()) + list(m["actor_head"].parameters())
-        critic = list(m["critic"].parameters()) + list(m["critic_head"].parameters())
+        critic = list(m["critic"].parameters()) if "critic" in m else []
+        critic += list(m["critic_head"].parameters())
         return [{"params": actor, "lr": self.cfg.lr}, {"params": critic, "lr": self.cfg.critic_lr or self.cfg.lr}]
 
     def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start, ids: bool = True,
-                      present: torch.Tensor | None = None):
+                      present: torch.Tensor | None = None, join_ids: bool = True):
         """Encode per-agent inputs ``[L, B, A, ...]`` with agents folded into the batch, the agent
-        id joined (``ids``) -> (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None).
+        id joined (``ids``; ``join_ids=False``: at the input alone, not after the features) ->
+        (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None).
 
         With ``present`` ``[L, B, A]`` (the agent mask), a feed-forward encoder reads the present
         slots alone and absent slots get zero features: every loss and pool masks them out, so
@@ -138,12 +168,12 @@ class MAPPO(OnPolicyAgent):
             if len(rows):
                 encoded, _ = encoder(x.reshape(L * B * A, *x.shape[3:]).index_select(0, rows).unsqueeze(0))
                 features = features.index_copy(0, rows, encoded[0])
-            return self._join_ids(features.reshape(L, B, A, -1), shape, ids), None
+            return self._join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), None
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.reshape(L, B * A) if episode_start is not None else None
         features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
         h = h.reshape(B, A, -1) if h is not None else None
-        return self._join_ids(features.reshape(L, B, A, -1), shape, ids), h
+        return self._join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), h
 
     def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
@@ -165,8 +195,14 @@ class MAPPO(OnPolicyAgent):
         one memory per agent, ``hidden [B, A, H]``, all reading the same state: an agent's value is
         of its own episode, so its memory resets where that episode starts (``episode_start``
         ``[L, B, A]``), as the actor's does, also when the other agents' episodes go on. A pooled
-        critic encodes ``obs [L, B, A, ...]`` per agent and pools over ``agent_mask``."""
-        encoder, head = self.modules["critic"], self.modules["critic_head"]
+        critic encodes ``obs [L, B, A, ...]`` per agent (with ``critic_encoder: actor``, through the
+        actor's encoder) and pools over ``agent_mask``."""
+        head = self.modules["critic_head"]
+        if self.shares_encoder:   # the head adds the id itself, so the encodings go without it
+            features, _ = self.encode_agents(self.modules["actor"], obs, None, None, present=agent_mask,
+                                             join_ids=False)
+            return head(features, agent_mask), None
+        encoder = self.modules["critic"]
         if self.pooled_critic:
             features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False, present=agent_mask)
             return head(features, agent_mask), hidden
@@ -187,12 +223,19 @@ class MAPPO(OnPolicyAgent):
         mask = batch["agent_mask"].float()
         h_actor, h_critic = self.split_hidden(batch["hidden"][0]) if "hidden" in batch else (None, None)
         action_mask = batch["action_mask"] if self.group.n_actions else None
-        dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask,
-                              batch["agent_mask"])
+        if self.shares_encoder:   # one pass of the encoder serves both losses
+            features, _ = self.encode_agents(self.modules["actor"], batch["obs"], None, None,
+                                             present=batch["agent_mask"], join_ids=False)
+            dist = self.modules["actor_head"](self._join_ids(features, self.group.obs_shape, True), action_mask)
+            value = self.modules["critic_head"](features, batch["agent_mask"])
+        else:
+            dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask,
+                                  batch["agent_mask"])
+            value, _ = self.values(batch["obs"], batch["state"], h_critic, batch["episode_start"],
+                                   batch["agent_mask"])
         log_prob = dist.log_prob(batch["actions"])
         policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
         entropy = masked_mean(dist.entropy(), mask)
-        value, _ = self.values(batch["obs"], batch["state"], h_critic, batch["episode_start"], batch["agent_mask"])
         critic_loss = value_loss(value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
                                  cfg.value_clip, cfg.huber_delta)
         loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
