@@ -175,6 +175,12 @@ class MAPPO(OnPolicyAgent):
         h = h.reshape(B, A, -1) if h is not None else None
         return self._join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), h
 
+    def actor_encodings(self, obs: torch.Tensor, agent_mask: torch.Tensor | None) -> torch.Tensor:
+        """The feed-forward actor's encodings ``[L, B, A, F]`` that a pooled critic on the actor's
+        encoder reads: its value head adds the id itself, so it is not joined after them."""
+        features, _ = self.encode_agents(self.modules["actor"], obs, None, None, present=agent_mask, join_ids=False)
+        return features
+
     def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
         if ids and self._id_width_after(shape):
@@ -198,10 +204,8 @@ class MAPPO(OnPolicyAgent):
         critic encodes ``obs [L, B, A, ...]`` per agent (with ``critic_encoder: actor``, through the
         actor's encoder) and pools over ``agent_mask``."""
         head = self.modules["critic_head"]
-        if self.shares_encoder:   # the head adds the id itself, so the encodings go without it
-            features, _ = self.encode_agents(self.modules["actor"], obs, None, None, present=agent_mask,
-                                             join_ids=False)
-            return head(features, agent_mask), None
+        if self.shares_encoder:
+            return head(self.actor_encodings(obs, agent_mask), agent_mask), None
         encoder = self.modules["critic"]
         if self.pooled_critic:
             features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False, present=agent_mask)
@@ -224,8 +228,7 @@ class MAPPO(OnPolicyAgent):
         h_actor, h_critic = self.split_hidden(batch["hidden"][0]) if "hidden" in batch else (None, None)
         action_mask = batch["action_mask"] if self.group.n_actions else None
         if self.shares_encoder:   # one pass of the encoder serves both losses
-            features, _ = self.encode_agents(self.modules["actor"], batch["obs"], None, None,
-                                             present=batch["agent_mask"], join_ids=False)
+            features = self.actor_encodings(batch["obs"], batch["agent_mask"])
             dist = self.modules["actor_head"](self._join_ids(features, self.group.obs_shape, True), action_mask)
             value = self.modules["critic_head"](features, batch["agent_mask"])
         else:
