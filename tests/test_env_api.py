@@ -114,3 +114,44 @@ def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, 
     assert all(np.isfinite(v) for v in result.metrics.values())
     warnings = [r.getMessage() for r in caplog.records if r.name == "marlkit.pettingzoo"]
     assert len(warnings) == 1 and "multiwalker" in warnings[0] and "env.state: concat" in warnings[0]
+
+
+def test_checking_wrappers_come_off_and_the_dynamics_stay():
+    """mpe2's parallel_env steps its AEC core without PettingZoo's order and bounds wrappers:
+    the same seed and actions give the same observations and rewards as the wrapped env."""
+    from mpe2 import simple_spread_v3
+    from pettingzoo.utils.wrappers import BaseWrapper
+
+    from marlkit.envs.pettingzoo import PettingZooConfig
+    cfg = PettingZooConfig(factory="mpe2.simple_spread_v3:parallel_env", kwargs={"N": 3, "max_cycles": 25})
+    ours = PettingZooEnv.from_config(cfg)
+    assert not isinstance(ours.env.aec_env, BaseWrapper)
+    kept = PettingZooEnv.from_config(PettingZooConfig(factory=cfg.factory, kwargs=cfg.kwargs, strip_checks=False))
+    assert isinstance(kept.env.aec_env, BaseWrapper)
+    reference = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    ref_obs, _ = reference.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for env in (ours, kept):
+        first = env.reset(seed=3)
+        assert np.array_equal(first.obs["agents"], np.stack([ref_obs[a] for a in reference.possible_agents]))
+    for _ in range(60):
+        if not reference.agents:
+            reference.reset(seed=4)
+            ours.reset(seed=4)
+            kept.reset(seed=4)
+        actions = rng.integers(0, 5, 3)
+        ref_obs, ref_reward, *_ = reference.step({a: int(actions[i]) for i, a in enumerate(reference.agents)})
+        for env in (ours, kept):
+            ob, reward, *_ = env.step({"agents": actions})
+            assert np.array_equal(ob.obs["agents"], np.stack([ref_obs[a] for a in reference.possible_agents]))
+            assert np.array_equal(reward["agents"], np.array([ref_reward[a] for a in reference.possible_agents],
+                                                             np.float32))
+
+
+def test_an_action_outside_the_space_is_refused_by_name():
+    from marlkit.envs.pettingzoo import PettingZooConfig
+    env = PettingZooEnv.from_config(PettingZooConfig(factory="mpe2.simple_spread_v3:parallel_env", kwargs={"N": 3}))
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=r"step 1: agent 'agent_1' was given action index 5, outside its action "
+                                         r"space Discrete\(5\)"):
+        env.step({"agents": np.array([0, 5, 1])})

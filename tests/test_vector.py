@@ -86,14 +86,15 @@ def test_episode_stats_of_each_env_arrive_with_its_episode_end(vectorize):
         seen = []
         for t in range(8):
             actions = np.zeros((3, 3), np.int64)
-            actions[:, 0] = np.arange(3) + t     # env e, step t: agent_0 plays e + t
+            actions[:, 0] = (np.arange(3) + t) % 3     # env e, step t: agent_0 plays (e + t) mod 3
             res = venv.step({"agents": actions})
             for e, info in enumerate(res.infos):
                 assert ("episode" in info) == bool(res.episode_end[e])
                 if "episode" in info:
                     seen.append((t, e, info["episode"]["stats"]))
-        # episodes of 4 steps end at t = 3 and 7 in every env; their sums: e + 0..3, then e + 4..7
-        assert seen == [(t, e, {"episode": float(t // 4 + 1), "agent_0_actions": float(4 * e + (t - 3) * 4 + 6)})
+        # episodes of 4 steps end at t = 3 and 7 in every env; their sums: (e + 0..3) mod 3, then (e + 4..7) mod 3
+        assert seen == [(t, e, {"episode": float(t // 4 + 1),
+                                "agent_0_actions": float(sum((e + s) % 3 for s in range(t - 3, t + 1)))})
                         for t in (3, 7) for e in range(3)]
     finally:
         venv.close()

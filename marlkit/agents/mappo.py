@@ -2,7 +2,7 @@
 or on the group's observations pooled."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -31,11 +31,15 @@ class MAPPOConfig(OnPolicyConfig):
     ``critic_encoder`` is what encodes the observations for a pooled critic: ``own``, the
     ``critic`` model; ``actor``, the actor's encoder, one pass serving both (the value loss trains
     it too, as in PPO with a shared trunk), so the critic costs a pool and a small head per agent.
+    ``critic_encoder_grad`` scales the value loss's gradient into that shared encoder: 1 trains it
+    with both losses, 0 leaves it to the policy loss (the critic reads the actor's features as they
+    are), values between weigh the two.
     """
 
     critic_input: Literal["auto", "state", "pooled"] = "auto"
     pool: Literal["mean", "max", "attention"] = "mean"
     critic_encoder: Literal["own", "actor"] = "own"
+    critic_encoder_grad: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
 
 
 @register_agent("MAPPO")
@@ -181,6 +185,16 @@ class MAPPO(OnPolicyAgent):
         features, _ = self.encode_agents(self.modules["actor"], obs, None, None, present=agent_mask, join_ids=False)
         return features
 
+    def _value_grad_scaled(self, features: torch.Tensor) -> torch.Tensor:
+        """``features`` as they are, with the value loss's gradient into them scaled by
+        ``critic_encoder_grad`` (``s * x + (1 - s) * x.detach()``, detached outright at 0)."""
+        scale = self.cfg.critic_encoder_grad
+        if scale == 1.0:
+            return features
+        if scale == 0.0:
+            return features.detach()
+        return scale * features + (1.0 - scale) * features.detach()
+
     def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
         if ids and self._id_width_after(shape):
@@ -230,7 +244,7 @@ class MAPPO(OnPolicyAgent):
         if self.shares_encoder:   # one pass of the encoder serves both losses
             features = self.actor_encodings(batch["obs"], batch["agent_mask"])
             dist = self.modules["actor_head"](self._join_ids(features, self.group.obs_shape, True), action_mask)
-            value = self.modules["critic_head"](features, batch["agent_mask"])
+            value = self.modules["critic_head"](self._value_grad_scaled(features), batch["agent_mask"])
         else:
             dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask,
                                   batch["agent_mask"])
