@@ -261,6 +261,31 @@ def test_a_critic_on_the_actors_encoder_adds_a_head_alone_and_the_value_loss_tra
     assert flops["shared"] < 0.6 * flops["own"], flops
 
 
+def test_critic_encoder_grad_scales_what_the_value_loss_sends_into_the_shared_encoder():
+    """With the policy loss silenced (zero advantages, no entropy), the actor's encoder gets the
+    value loss's gradient times ``critic_encoder_grad``: all of it at 1, half at 0.5, none at 0,
+    while the value head's own gradient and the loss stay the same."""
+    batch = {**_image_batch(8, 0.3), "advantages": torch.zeros(6, 4, 8)}
+    grads = {}
+    for scale in (1.0, 0.5, 0.0):
+        agent = _image_agent("MAPPO", "shared")
+        agent.cfg.entropy_coef, agent.cfg.critic_encoder_grad = 0.0, scale
+        loss, _ = agent.loss(batch)
+        loss.backward()
+        grads[scale] = (loss.detach(), [p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                                        for p in agent.modules["actor"].parameters()],
+                        [p.grad.clone() for p in agent.modules["critic_head"].parameters()])
+    full_loss, full_encoder, full_head = grads[1.0]
+    assert sum(g.abs().sum() for g in full_encoder) > 0
+    for scale in (0.5, 0.0):
+        loss, encoder, head = grads[scale]
+        torch.testing.assert_close(loss, full_loss)
+        for g, g_full in zip(head, full_head):
+            torch.testing.assert_close(g, g_full)
+        for g, g_full in zip(encoder, full_encoder):
+            torch.testing.assert_close(g, scale * g_full, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("overrides,message", [
     ({"agents.MAPPO.critic_input": "state"},
      r"agents\.MAPPO\.critic_encoder=actor .* agents\.MAPPO\.critic_input=state; "
