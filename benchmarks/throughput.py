@@ -3,7 +3,8 @@
     python benchmarks/throughput.py [--env mpe_spread|PATH.yaml] [--agent MAPPO [COMA ...]] [--steps 100000]
                                     [--parallels E] [--vectorize V] [--without-overlap] [--repeats 3]
                                     [--set KEY=VALUE ...] [--tag NAME]
-    python benchmarks/throughput.py --whole-process [--agent MAPPO] [--steps 100000] [--repeats 3] [--set ...]
+    python benchmarks/throughput.py --whole-process [--agent MAPPO] [--steps 100000] [--repeats 3] [--bare-unwrapped]
+                                    [--set ...]
 
 Comparison (the default): env-steps/s of training each ``--agent`` in turn on ``--env`` vs "raw", the
 vector env the trainer uses (marlkit's adapter, batching, auto-reset) with uniformly random actions at
@@ -19,8 +20,10 @@ the bare env stepped with random actions in one process? Alternately for ``--rep
 time of (a) ``python -m marlkit --agent MAPPO --env mpe_spread --logger none --set
 runner.total_steps=N ...`` (plus ``--parallels``, ``--vectorize`` and ``--set``) and (b) ``python
 benchmarks/throughput.py --bare-loop N``: one mpe2 ``simple_spread_v3.parallel_env(N=3,
-max_cycles=25)`` stepped N times with random actions. N is ``--steps`` rounded up to whole rollouts
-(marlkit trains whole rollouts); env-steps/s = N / wall.
+max_cycles=25)`` stepped N times with random actions; with ``--bare-unwrapped`` also (c) the same loop
+on the env without PettingZoo's order and bounds checking wrappers, as marlkit steps it
+(``env.strip_checks``), to show how much of the ratio that accounts for. N is ``--steps`` rounded
+up to whole rollouts (marlkit trains whole rollouts); env-steps/s = N / wall.
 
 Writes benchmarks/results/throughput[_NAME].json.
 """
@@ -35,12 +38,17 @@ from pathlib import Path
 import harness
 
 
-def bare_loop(steps: int) -> float:
+def bare_loop(steps: int, unwrapped: bool = False) -> float:
     """Seconds to step one mpe2 simple_spread_v3 env ``steps`` times with random actions (resetting
-    when an episode ends), after building and resetting it. Imports numpy and mpe2 only."""
+    when an episode ends), after building and resetting it. Imports numpy and mpe2 only (and, with
+    ``unwrapped``, PettingZoo's conversion, to step the env without its checking wrappers as
+    marlkit does, ``env.strip_checks``)."""
     import numpy as np
     from mpe2 import simple_spread_v3
     env = simple_spread_v3.parallel_env(N=3, max_cycles=25)
+    if unwrapped:
+        from pettingzoo.utils.conversions import aec_to_parallel_wrapper
+        env = aec_to_parallel_wrapper(env.unwrapped)
     rng = np.random.default_rng(0)
     env.reset(seed=0)
     start = time.perf_counter()
@@ -100,6 +108,8 @@ def whole_process(args, runner: dict) -> None:
                         f"runner.run_root={root}", f"runner.save_interval={10 ** 9}",
                         *(f"{k}={v}" for k, v in runner.items()), *args.set],
             "bare": [sys.executable, str(Path(__file__).resolve()), "--bare-loop", str(n)]}
+        if args.bare_unwrapped:
+            commands["bare_unwrapped"] = commands["bare"] + ["--unwrapped"]
         wall, med = harness.measure({side: lambda cmd=cmd: harness.time_process(cmd) for side, cmd in commands.items()},
                                     args.repeats)
     rates = {side: [n / s for s in walls] for side, walls in wall.items()}
@@ -110,12 +120,19 @@ def whole_process(args, runner: dict) -> None:
         "commands": {side: " ".join(cmd).replace(root, "<tmp>").replace(sys.executable, "python")
                      .replace(f"{Path(__file__).resolve().parent.parent}/", "") for side, cmd in commands.items()},
         "wall_s": wall, "median_wall_s": med, "env_steps_per_s": rates, "median_env_steps_per_s": med_rate,
-        "marlkit_over_bare": med_rate["marlkit"] / med_rate["bare"]})
+        "marlkit_over_bare": med_rate["marlkit"] / med_rate["bare"],
+        **({"marlkit_over_bare_unwrapped": med_rate["marlkit"] / med_rate["bare_unwrapped"]}
+           if args.bare_unwrapped else {})})
     harness.table(["whole process", "wall s (median)", "env-steps/s (median)"],
                   [[f"marlkit {args.agent[0]} training x{cfg.runner.parallels} ({cfg.runner.vectorize})", med["marlkit"],
                     med_rate["marlkit"]],
-                   ["bare mpe2 loop, 1 env, random", med["bare"], med_rate["bare"]]])
+                   ["bare mpe2 loop, 1 env, random", med["bare"], med_rate["bare"]]]
+                  + ([["the same, without the checking wrappers", med["bare_unwrapped"], med_rate["bare_unwrapped"]]]
+                     if args.bare_unwrapped else []))
     print(f"marlkit / bare = {med_rate['marlkit'] / med_rate['bare']:.2f} ({n} env steps each)")
+    if args.bare_unwrapped:
+        print(f"marlkit / bare without the checking wrappers = "
+              f"{med_rate['marlkit'] / med_rate['bare_unwrapped']:.2f}")
 
 
 def main() -> None:
@@ -129,10 +146,13 @@ def main() -> None:
     p.add_argument("--without-overlap", action="store_true",
                    help="also train the first agent with runner.overlap=false, alternating with the rest")
     p.add_argument("--whole-process", action="store_true", help="time whole processes: marlkit vs a bare loop")
+    p.add_argument("--bare-unwrapped", action="store_true",
+                   help="--whole-process: also time the bare loop without PettingZoo's checking wrappers")
     p.add_argument("--bare-loop", type=int, metavar="N", help="(the bare side of --whole-process) step N times, exit")
+    p.add_argument("--unwrapped", action="store_true", help="(with --bare-loop) without the checking wrappers")
     args = p.parse_args() if "--bare-loop" in sys.argv else harness.parse_args(p)
     if args.bare_loop is not None:
-        bare_loop(args.bare_loop)
+        bare_loop(args.bare_loop, args.unwrapped)
         return
     import torch
     torch.set_num_threads(1)
