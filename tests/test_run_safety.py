@@ -559,6 +559,20 @@ def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_script_read_from_standard_input_is_refused_before_any_worker_starts(tmp_path):
+    """Workers cannot import a main script that is no file (``python - < train.py``): one line
+    saying so, not a worker dying while it creates the env."""
+    body = SCRIPT.format(indent="    ", root=str(tmp_path / "runs"))
+    body = body.replace("import marlkit\n", "import marlkit\nif __name__ == \"__main__\":\n")
+    out = subprocess.run([sys.executable, "-"], input=body, capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("marlkit.errors.ConfigError: the main script is <stdin> (read from standard input, not a "
+                           "file)"), out.stderr
+    assert "save the script to a file and run that, or set runner.vectorize: sync" in last
+    assert "EnvWorkerError" not in out.stderr and not (tmp_path / "runs").exists()
+
+
 def test_an_env_error_in_a_worker_is_one_line_and_its_traceback_goes_to_the_run_directory(tmp_path, env_yaml):
     root = tmp_path / "runs"
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 60})

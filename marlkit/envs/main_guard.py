@@ -8,6 +8,7 @@ multiprocessing answers with a RuntimeError per worker, one traceback after anot
 from __future__ import annotations
 
 import ast
+import os
 import sys
 
 from marlkit.errors import ConfigError
@@ -27,13 +28,20 @@ def _guarded_lines(source: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def check_main_guarded(what: str) -> None:
+def check_main_guarded(what: str, instead: str | None = None) -> None:
     """Raise a ConfigError when the main script is running its top level right now (it called us
-    from there) and that line is not inside an ``if __name__ == "__main__":`` block. ``what`` says
-    what is about to start worker processes, for the message."""
+    from there) and that line is not inside an ``if __name__ == "__main__":`` block, or when it is
+    no file at all (``python - < script.py``), so that workers could not import it. ``what`` says
+    what is about to start worker processes, and ``instead`` a setting that would not start them,
+    for the message."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
         return   # ``python -m package``: multiprocessing does not import a package's __main__ again
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file and not os.path.exists(main_file):
+        raise ConfigError(f"the main script is {main_file} (read from standard input, not a file), and {what} start "
+                          "worker processes by importing the main script again, which they cannot do; save the "
+                          "script to a file and run that" + (f", or {instead}" if instead else ""))
     frame = sys._getframe(1)
     while frame is not None and not (frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__"):
         frame = frame.f_back

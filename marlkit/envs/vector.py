@@ -483,7 +483,8 @@ class SubprocVectorEnv(VectorEnv):
                  start_method: str = "spawn", start_timeout: float = 120.0):
         super().__init__()
         if start_method != "fork":
-            check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)")
+            check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)",
+                               instead="set runner.vectorize: sync")
         self.num_envs = len(env_fns)
         num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
         self.timeout = timeout
