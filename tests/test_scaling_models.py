@@ -348,3 +348,14 @@ def test_every_packaged_model_reads_uint8_pixels_as_values_in_0_1():
         scaled, _ = model(pixels.float() / 255.0)
         raw, _ = model(pixels)
         torch.testing.assert_close(raw, scaled)
+
+
+def test_as_float_scales_pixels_and_never_writes_into_its_input():
+    from marlkit.networks.base import as_float
+    pixels = torch.randint(0, 256, (4, 5, 5, 3), dtype=torch.uint8)
+    kept = pixels.clone()
+    torch.testing.assert_close(as_float(pixels), pixels.double().div(255).float(), rtol=0, atol=1e-7)
+    assert torch.equal(pixels, kept)
+    values = torch.randn(4, 7)
+    before = values.clone()
+    assert as_float(values) is values and torch.equal(values, before)

@@ -1,0 +1,27 @@
+"""How a rollout ``[T, E, ...]`` is cut into minibatches ``[L, B, ...]``."""
+import numpy as np
+import pytest
+import torch
+
+from marlkit.buffers import minibatches
+
+
+def _rollout(T: int = 6, E: int = 4, A: int = 3) -> dict[str, np.ndarray]:
+    step = np.arange(T * E, dtype=np.float32).reshape(T, E)
+    return {"step": step, "obs": np.broadcast_to(step[:, :, None, None], (T, E, A, 2)).copy(),
+            "image": np.random.default_rng(0).integers(0, 256, (T, E, A, 5, 5, 3), dtype=np.uint8)}
+
+
+@pytest.mark.parametrize("num_minibatches,chunk_length", [(1, 1), (3, 1), (4, 2), (1, 2), (2, 3)])
+def test_every_sample_lands_in_exactly_one_minibatch_with_its_own_rows(num_minibatches, chunk_length):
+    data = _rollout()
+    batches = list(minibatches(data, num_minibatches, chunk_length, np.random.default_rng(1)))
+    assert len(batches) == num_minibatches
+    seen = torch.cat([b["step"].reshape(-1) for b in batches])
+    assert sorted(seen.tolist()) == list(range(24))
+    for b in batches:
+        assert b["step"].shape[0] == chunk_length and b["obs"].shape[2:] == (3, 2)
+        # the agents of one sample stay together, and a chunk is consecutive steps of one env
+        assert torch.equal(b["obs"][..., 0, 0], b["step"])
+        assert (torch.diff(b["step"], dim=0) == 4).all()
+
