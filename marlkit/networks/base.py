@@ -23,7 +23,7 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "elu": nn.ELU}
 
 def as_float(x: torch.Tensor) -> torch.Tensor:
     """Model inputs as float32; uint8 pixels scaled to [0, 1] in place of their fresh float copy
-    (one float tensor made, not two: the conversion of a minibatch of views takes 0.6 the time)."""
+    (one float tensor made, not two: 0.6 of the time for a batch of images)."""
     return x.to(torch.float32).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
 
 
