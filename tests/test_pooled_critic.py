@@ -297,3 +297,10 @@ def test_critic_encoder_grad_scales_what_the_value_loss_sends_into_the_shared_en
 def test_a_critic_on_the_actors_encoder_that_cannot_work_is_refused_naming_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder": "actor", **overrides})
+
+
+def test_a_value_gradient_scale_without_a_shared_encoder_is_refused_naming_the_keys():
+    with pytest.raises(ConfigError, match=r"agents\.MAPPO\.critic_encoder_grad=0\.0 .* agents\.MAPPO\.critic_encoder=own; "
+                                          r"set agents\.MAPPO\.critic_encoder to actor, or leave "
+                                          r"agents\.MAPPO\.critic_encoder_grad at 1"):
+        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder_grad": 0.0})

@@ -73,6 +73,11 @@ class MAPPO(OnPolicyAgent):
     @classmethod
     def check_config(cls, cfg, runner, key: str) -> None:
         super().check_config(cfg, runner, key)
+        if getattr(cfg, "critic_encoder", "own") != "actor" and getattr(cfg, "critic_encoder_grad", 1.0) != 1.0:
+            raise ConfigError(f"{key}.critic_encoder_grad={cfg.critic_encoder_grad} scales the value gradient into "
+                              f"the actor's encoder that a critic_encoder=actor critic shares, but "
+                              f"{key}.critic_encoder={cfg.critic_encoder}; set {key}.critic_encoder to actor, or "
+                              f"leave {key}.critic_encoder_grad at 1")
         if getattr(cfg, "critic_encoder", "own") == "actor":
             if cfg.critic_input == "state":
                 raise ConfigError(f"{key}.critic_encoder=actor shares the actor's encoder with a pooled critic, but "
