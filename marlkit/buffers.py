@@ -203,12 +203,13 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
     L = chunk_length
     if T % L:
         raise ValueError(f"rollout length {T} is not a multiple of the chunk length {L}")
-    tensors = {k: torch.from_numpy(v) for k, v in data.items()}
+    # [T * E, ...] views: one index_select of whole rows gathers a minibatch about 3x faster than
+    # indexing time and env as two dimensions (13x13x5 images, 48 agents), with the same result
+    rows = {k: torch.from_numpy(v).reshape(T * E, *v.shape[2:]) for k, v in data.items()}
     n = (T // L) * E
     order = rng.permutation(n)
     steps = np.arange(L)[:, None]
     for idx in np.array_split(order, min(num_minibatches, n)):
-        # sample i is the chunk starting at t = (i // E) * L of env i % E
-        t = torch.from_numpy((idx // E) * L + steps)                      # [L, B]
-        e = torch.from_numpy(idx % E).expand(L, -1)                      # [L, B]
-        yield {k: v[t, e] for k, v in tensors.items()}
+        # sample i is the chunk starting at t = (i // E) * L of env i % E: rows t * E + e
+        flat = torch.from_numpy(((idx // E) * L + steps) * E + idx % E)   # [L, B]
+        yield {k: v.index_select(0, flat.reshape(-1)).reshape(*flat.shape, *v.shape[1:]) for k, v in rows.items()}
