@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from marlkit.networks.base import ACTIVATIONS, init_linear
@@ -29,6 +30,9 @@ class PooledValueHead(nn.Module):
     agent), or ``attention``: each agent's query weighs the present agents' encodings (one head;
     ``A x A x F`` per env step, so its cost per agent grows with ``A``, though only in this small
     term). Absent agents never enter the pool; an env step with no one present pools zeros.
+
+    The hidden layer reads ``[own, pool]``; its pool half is applied to the pool before it is
+    broadcast, so a mean or max pool's share costs once per env step, not once per agent.
     """
 
     def __init__(self, in_dim: int, n_ids: int = 0, pool: str = "mean", activation: str = "relu"):
@@ -49,7 +53,8 @@ class PooledValueHead(nn.Module):
         self.out = init_linear(nn.Linear(in_dim, 1), gain=1.0)
 
     def pooled(self, features: torch.Tensor, agent_mask: torch.Tensor | None) -> torch.Tensor:
-        """``[L, B, A, F]`` -> the group's pool as each agent sees it, ``[L, B, A, F]``."""
+        """``[L, B, A, F]`` -> the group's pool as each agent sees it: ``[L, B, 1, F]`` (mean,
+        max: the same for every agent) or ``[L, B, A, F]`` (attention)."""
         present = (torch.ones(features.shape[:-1], dtype=torch.bool, device=features.device)
                    if agent_mask is None else agent_mask.bool())
         if self.pool == "attention":
@@ -63,10 +68,12 @@ class PooledValueHead(nn.Module):
             pool = torch.where(mask.any(-2, keepdim=True), top, 0.0)
         else:
             pool = torch.where(mask, features, 0.0).sum(-2, keepdim=True) / mask.sum(-2, keepdim=True).clamp(min=1)
-        return pool.expand_as(features)
+        return pool
 
     def forward(self, features: torch.Tensor, agent_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden = self.hidden(torch.cat([features, self.pooled(features, agent_mask)], -1))
+        width = features.shape[-1]
+        own, of_pool = self.hidden.weight[:, :width], self.hidden.weight[:, width:]
+        hidden = F.linear(features, own, self.hidden.bias) + F.linear(self.pooled(features, agent_mask), of_pool)
         if self.agent_bias is not None:
             hidden = hidden + self.agent_bias
         return self.out(self.act(hidden)).squeeze(-1)
