@@ -2,17 +2,18 @@
 (``red_*``, ``blue_*``) with 13x13x5 uint8 image observations and agents that die, for several N.
 
     python benchmarks/scaling.py [--agents 4 12 24 48] [--steps 20000] [--parallels 16]
-                                 [--critics pooled shared detached state every_slot] [--profile-steps 5000]
+                                 [--critics pooled own shared detached state every_slot] [--profile-steps 5000]
                                  [--set agents.MAPPO.epochs=5 ...] [--tag NAME]
 
 For every N, measured alternately in one process: env-steps/s and agent-steps/s (agents acting,
 the dead ones not counted) of raw stepping (the bare ParallelEnv, and marlkit's vector env with
 random actions) and of MAPPO training with the default config, once per critic of ``--critics``
-(``agents.MAPPO.critic_input`` and ``critic_encoder``: the env has no ``state()``, so ``pooled``
-pools the agents' views, each through the critic's own encoder; ``shared`` pools them through
-the actor's encoder, one pass serving both; ``detached`` the same, with the value loss's gradient
-kept out of that encoder (``critic_encoder_grad: 0``); ``state`` reads the default global state, the views
-stacked; ``every_slot``: the state critic with every agent slot, dead or alive, through the
+(``agents.MAPPO.critic_input`` and ``critic_encoder``: the env has no ``state()``, so ``pooled``,
+the default, pools the agents' views through the actor's encoder, one pass serving both, with a
+tenth of the value gradient sent into it; ``own`` pools them each through the critic's own
+encoder; ``shared`` and ``detached`` are ``pooled`` with all of the value gradient sent into the
+actor's encoder, and none (``critic_encoder_grad`` 1 and 0); ``state`` reads the default global
+state, the views stacked; ``every_slot``: the state critic with every agent slot, dead or alive, through the
 networks, as training ran before it skipped absent slots: the baseline the others are held to),
 then a cProfile of a short training run with the first critic: its top entries by own time,
 and per critic the compute ceiling: the matrix arithmetic of a short training run (torch's
@@ -98,7 +99,8 @@ def vector_env(cfg, steps: int) -> dict:
 
 
 CRITICS = {   # --critics -> MAPPO's critic settings
-    "pooled": {"critic_input": "pooled", "critic_encoder": "own"},
+    "pooled": {"critic_input": "pooled"},
+    "own": {"critic_input": "pooled", "critic_encoder": "own"},
     "shared": {"critic_input": "pooled", "critic_encoder": "actor", "critic_encoder_grad": 1.0},
     "detached": {"critic_input": "pooled", "critic_encoder": "actor", "critic_encoder_grad": 0.0},
     "state": {"critic_input": "state", "critic_encoder": "own"},

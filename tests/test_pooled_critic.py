@@ -39,7 +39,11 @@ def test_auto_pools_where_the_state_was_built_from_observations_and_stores_no_st
     pooled = _mappo(group, (54,), state_from_obs=True)
     assert isinstance(pooled.modules["critic_head"], PooledValueHead)
     assert pooled.buffer.state.nbytes == 0                                   # the state is not stored
-    assert pooled.modules["critic"].net[0].normalized_shape == (18,)   # one agent's obs (its id joins the head)
+    assert "critic" not in pooled.modules                                    # critic_encoder auto: the actor's
+    own = _mappo(group, (54,), state_from_obs=True, critic_encoder="own")
+    assert own.modules["critic"].net[0].normalized_shape == (18,)      # one agent's obs (its id joins the head)
+    recurrent = _mappo(group, (54,), state_from_obs=True, actor=ModelConfig(name="gru"))
+    assert recurrent.modules["critic"].net[0].normalized_shape == (18,)      # auto: its own beside a gru actor
     own = _mappo(group, (54,), state_from_obs=False)                         # the env's own state()
     assert own.modules["critic"].net[0].normalized_shape == (54 + 3,) and own.buffer.state.shape == (4, 2, 54)
     named = _mappo(group, (54,), state_from_obs=True, critic_input="state")  # the concatenation, by name
@@ -69,7 +73,7 @@ def test_values_pool_over_present_agents_only(pool):
 def _critic_flops_per_agent(n_agents: int, pool: str, model: str = "mlp") -> float:
     """Matmul and convolution FLOPs of the critic per agent, forward and backward."""
     agent = _mappo(_group((13, 13, 5), n_agents, np.uint8), (5 * n_agents, 13, 13), state_from_obs=True,
-                   pool=pool, critic=ModelConfig(name=model, hidden_sizes=[32]))
+                   pool=pool, critic_encoder="own", critic=ModelConfig(name=model, hidden_sizes=[32]))
     obs = torch.randint(0, 256, (1, 8, n_agents, 13, 13, 5), dtype=torch.uint8)
     with FlopCounterMode(display=False) as counter:
         value, _ = agent.values(obs, None, None, None, torch.ones(1, 8, n_agents, dtype=torch.bool))
@@ -269,11 +273,11 @@ def test_a_critic_on_the_actors_encoder_adds_a_head_alone_and_the_value_loss_tra
 
 def test_critic_encoder_grad_scales_what_the_value_loss_sends_into_the_shared_encoder():
     """With the policy loss silenced (zero advantages, no entropy), the actor's encoder gets the
-    value loss's gradient times ``critic_encoder_grad``: all of it at 1, half at 0.5, none at 0,
-    while the value head's own gradient and the loss stay the same."""
+    value loss's gradient times ``critic_encoder_grad``: all of it at 1, half at 0.5, none at 0, a
+    tenth unset (``SHARED_ENCODER_GRAD``), while the value head's own gradient and the loss stay the same."""
     batch = {**_image_batch(8, 0.3), "advantages": torch.zeros(6, 4, 8)}
     grads = {}
-    for scale in (1.0, 0.5, 0.0):
+    for scale in (1.0, 0.5, 0.0, None):
         agent = _image_agent("MAPPO", "shared")
         agent.cfg.entropy_coef, agent.cfg.critic_encoder_grad = 0.0, scale
         loss, _ = agent.loss(batch)
@@ -283,13 +287,13 @@ def test_critic_encoder_grad_scales_what_the_value_loss_sends_into_the_shared_en
                         [p.grad.clone() for p in agent.modules["critic_head"].parameters()])
     full_loss, full_encoder, full_head = grads[1.0]
     assert sum(g.abs().sum() for g in full_encoder) > 0
-    for scale in (0.5, 0.0):
+    for scale, share in ((0.5, 0.5), (0.0, 0.0), (None, 0.1)):
         loss, encoder, head = grads[scale]
         torch.testing.assert_close(loss, full_loss)
         for g, g_full in zip(head, full_head):
             torch.testing.assert_close(g, g_full)
         for g, g_full in zip(encoder, full_encoder):
-            torch.testing.assert_close(g, scale * g_full, rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(g, share * g_full, rtol=1e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -305,8 +309,17 @@ def test_a_critic_on_the_actors_encoder_that_cannot_work_is_refused_naming_the_k
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder": "actor", **overrides})
 
 
-def test_a_value_gradient_scale_without_a_shared_encoder_is_refused_naming_the_keys():
-    with pytest.raises(ConfigError, match=r"agents\.MAPPO\.critic_encoder_grad=0\.0 .* agents\.MAPPO\.critic_encoder=own; "
-                                          r"set agents\.MAPPO\.critic_encoder to actor, or leave "
-                                          r"agents\.MAPPO\.critic_encoder_grad at 1"):
-        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder_grad": 0.0})
+@pytest.mark.parametrize("overrides,why,fix", [
+    ({"agents.MAPPO.critic_input": "pooled", "agents.MAPPO.critic_encoder": "own"},
+     r"agents\.MAPPO\.critic_encoder=own", r"set agents\.MAPPO\.critic_encoder to actor"),
+    ({"agents.MAPPO.critic_input": "state"},
+     r"agents\.MAPPO\.critic_input=state", r"set agents\.MAPPO\.critic_input to pooled"),
+    ({"agents.MAPPO.critic_input": "pooled", "agents.MAPPO.actor": {"name": "gru"}},
+     r"agents\.MAPPO\.critic_encoder=auto gives a recurrent actor \(agents\.MAPPO\.actor\.name=gru\) a critic "
+     r"encoder of its own",
+     r"set agents\.MAPPO\.critic_encoder to actor"),
+])
+def test_a_value_gradient_scale_without_a_shared_encoder_is_refused_naming_the_keys(overrides, why, fix):
+    with pytest.raises(ConfigError, match=rf"agents\.MAPPO\.critic_encoder_grad=0\.0 .* {why}; {fix}.*, or leave "
+                                          r"agents\.MAPPO\.critic_encoder_grad unset"):
+        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder_grad": 0.0, **overrides})

@@ -3,7 +3,7 @@ or on the group's observations pooled."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, Optional
 
 import torch
 from torch import nn
@@ -29,17 +29,25 @@ class MAPPOConfig(OnPolicyConfig):
     env's state was built from the observations (``EnvSpec.state_from_obs``), else ``state``.
 
     ``critic_encoder`` is what encodes the observations for a pooled critic: ``own``, the
-    ``critic`` model; ``actor``, the actor's encoder, one pass serving both (the value loss trains
-    it too, as in PPO with a shared trunk), so the critic costs a pool and a small head per agent.
-    ``critic_encoder_grad`` scales the value loss's gradient into that shared encoder: 1 trains it
-    with both losses, 0 leaves it to the policy loss (the critic reads the actor's features as they
-    are), values between weigh the two.
+    ``critic`` model; ``actor``, the actor's encoder, one pass serving both, so the critic costs a
+    pool and a small head per agent; ``auto``: ``actor`` where the actor is feed-forward, else
+    ``own``. ``critic_encoder_grad`` scales the value loss's gradient into that shared encoder: 1
+    trains it with both losses (PPO with a shared trunk), 0 leaves it to the policy loss (the
+    critic reads the actor's features as they are), values between weigh the two; null (default):
+    ``SHARED_ENCODER_GRAD``.
     """
 
     critic_input: Literal["auto", "state", "pooled"] = "auto"
     pool: Literal["mean", "max", "attention"] = "mean"
-    critic_encoder: Literal["own", "actor"] = "own"
-    critic_encoder_grad: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    critic_encoder: Literal["auto", "own", "actor"] = "auto"
+    critic_encoder_grad: Optional[float] = field(default=None, metadata={"min": 0.0, "max": 1.0})
+
+
+# A tenth of the value gradient into the shared encoder: with all of it the policy stalled on
+# pursuit, with none it learned pursuit well behind a critic encoder of its own; at a tenth it
+# learned pursuit, mpe_tag and mpe_spread as well as that encoder or better (docs/benchmarks.md),
+# at 0.6 of its arithmetic.
+SHARED_ENCODER_GRAD = 0.1
 
 
 @register_agent("MAPPO")
@@ -65,19 +73,37 @@ class MAPPO(OnPolicyAgent):
     def pooled_critic(self) -> bool:
         return self.pools(self.cfg, self.state_from_obs)
 
+    @staticmethod
+    def encoder_choice(cfg) -> str:
+        """``critic_encoder`` with ``auto`` resolved: ``actor`` or ``own``."""
+        choice = getattr(cfg, "critic_encoder", "own")   # subclasses with critics of their own lack it
+        if choice == "auto":
+            return "own" if get_model(cfg.actor.name).is_recurrent else "actor"
+        return choice
+
     @property
     def shares_encoder(self) -> bool:
-        """The pooled critic reads the actor's encodings (``critic_encoder: actor``)."""
-        return self.pooled_critic and getattr(self.cfg, "critic_encoder", "own") == "actor"
+        """The pooled critic reads the actor's encodings (``critic_encoder``: ``actor``, or ``auto``
+        with a feed-forward actor)."""
+        return self.pooled_critic and self.encoder_choice(self.cfg) == "actor"
 
     @classmethod
     def check_config(cls, cfg, runner, key: str) -> None:
         super().check_config(cfg, runner, key)
-        if getattr(cfg, "critic_encoder", "own") != "actor" and getattr(cfg, "critic_encoder_grad", 1.0) != 1.0:
-            raise ConfigError(f"{key}.critic_encoder_grad={cfg.critic_encoder_grad} scales the value gradient into "
-                              f"the actor's encoder that a critic_encoder=actor critic shares, but "
-                              f"{key}.critic_encoder={cfg.critic_encoder}; set {key}.critic_encoder to actor, or "
-                              f"leave {key}.critic_encoder_grad at 1")
+        if getattr(cfg, "critic_encoder_grad", None) is not None:
+            if cfg.critic_input == "state":
+                why, fix = f"{key}.critic_input=state", f"set {key}.critic_input to pooled (or auto)"
+            elif cls.encoder_choice(cfg) == "own":
+                why = (f"{key}.critic_encoder=own" if cfg.critic_encoder == "own" else
+                       f"{key}.critic_encoder=auto gives a recurrent actor ({key}.actor.name={cfg.actor.name}) "
+                       "a critic encoder of its own")
+                fix = f"set {key}.critic_encoder to actor (or auto, with a feed-forward actor)"
+            else:
+                why = None
+            if why:
+                raise ConfigError(f"{key}.critic_encoder_grad={cfg.critic_encoder_grad} scales the value gradient "
+                                  f"into the actor's encoder that a pooled critic shares, but {why}; {fix}, or "
+                                  f"leave {key}.critic_encoder_grad unset")
         if getattr(cfg, "critic_encoder", "own") == "actor":
             if cfg.critic_input == "state":
                 raise ConfigError(f"{key}.critic_encoder=actor shares the actor's encoder with a pooled critic, but "
@@ -194,6 +220,8 @@ class MAPPO(OnPolicyAgent):
         """``features`` as they are, with the value loss's gradient into them scaled by
         ``critic_encoder_grad`` (``s * x + (1 - s) * x.detach()``, detached outright at 0)."""
         scale = self.cfg.critic_encoder_grad
+        if scale is None:
+            scale = SHARED_ENCODER_GRAD
         if scale == 1.0:
             return features
         if scale == 0.0:
