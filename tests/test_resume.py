@@ -100,6 +100,22 @@ def test_load_starts_training_from_a_checkpoint(tiny):
             torch.testing.assert_close(after[name], tensor, rtol=0, atol=0, msg=name)
 
 
+def test_a_resumed_run_reports_the_wall_time_of_all_its_processes(tiny):
+    """The wall time in a resumed run's metrics and report adds the time of the processes before
+    it, up to the checkpoint it resumed from, to its own."""
+    settings = {**tiny, "runner.total_steps": 400, "runner.save_interval": 400, "runner.parallels": 4,
+                "runner.horizon": 25}
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2, **settings)
+    saved = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])["wall_time_s"]
+    assert 0 < saved <= half.metrics["perf/wall_time_s"]
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 800})
+    report = json.loads((half.run_dir / "benchmark.json").read_text())
+    assert report["wall_time_s"] == resumed.metrics["perf/wall_time_s"] > saved
+    # what is left after the saved time is the resumed process's own: its 400 steps at its own rate
+    own = resumed.metrics["perf/wall_time_s"] - saved
+    assert own > 0 and resumed.metrics["perf/env_steps_per_s_overall"] * own == pytest.approx(400, rel=1e-6)
+
+
 def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     """``--resume RUN`` without ``--benchmark`` continues a benchmark as a benchmark: evaluations,
     best.pt and the report carry on, as they would have without the interruption."""

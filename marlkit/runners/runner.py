@@ -14,6 +14,7 @@ import shutil
 import tempfile
 import time
 from collections import deque
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -95,6 +96,9 @@ class Runner:
         self.logger = None
         self.agents: dict[str, Agent] = {}
         self.collector: Collector | None = None
+        # wall seconds of training so far, this process's and those before a resume (to the checkpoint
+        # it resumed from): what a resumed run reports as its wall time, as if it had not stopped
+        self._wall_time: Callable[[], float] | None = None
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -287,6 +291,8 @@ class Runner:
         # is never resumed from, so it goes without
         behaviour = self.collector.state_dict() if state["pending"] and resumable else None
         runner_state = {**state, "venv": venv_blob is not None, "behaviour": behaviour}
+        if self._wall_time is not None:
+            runner_state["wall_time_s"] = self._wall_time()
         save_checkpoint(path, {
             "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
             "steps": state["steps"], "groups": {g: a.state_dict() for g, a in self.agents.items()},
@@ -331,6 +337,8 @@ class Runner:
         # env steps this process stepped: an overlapped run also holds the rollout past its last update
         collected = lambda: state["steps"] + (per_update if state["pending"] else 0)   # noqa: E731
         start_t, start_collected = clock["t"], collected()
+        before = state.get("wall_time_s", 0.0)
+        self._wall_time = lambda: before + time.perf_counter() - start_t   # noqa: E731
         try:
             if eval_venv is not None and state["steps"] >= state["next_eval"]:
                 self._evaluate(state, eval_venv, result, stop)
@@ -373,7 +381,7 @@ class Runner:
         result.evaluations = state["evaluations"]
         elapsed = time.perf_counter() - start_t
         result.metrics["perf/env_steps_per_s_overall"] = (collected() - start_collected) / max(elapsed, 1e-9)
-        result.metrics["perf/wall_time_s"] = elapsed
+        result.metrics["perf/wall_time_s"] = before + elapsed
 
     def _next_update(self, state: dict, collector: Collector, learner: Learner, per_update: int,
                      stop: StopRequest) -> dict[str, float]:
