@@ -90,20 +90,12 @@ class MAPPO(OnPolicyAgent):
     @classmethod
     def check_config(cls, cfg, runner, key: str) -> None:
         super().check_config(cfg, runner, key)
-        if getattr(cfg, "critic_encoder_grad", None) is not None:
-            if cfg.critic_input == "state":
-                why, fix = f"{key}.critic_input=state", f"set {key}.critic_input to pooled (or auto)"
-            elif cls.encoder_choice(cfg) == "own":
-                why = (f"{key}.critic_encoder=own" if cfg.critic_encoder == "own" else
-                       f"{key}.critic_encoder=auto gives a recurrent actor ({key}.actor.name={cfg.actor.name}) "
-                       "a critic encoder of its own")
-                fix = f"set {key}.critic_encoder to actor (or auto, with a feed-forward actor)"
-            else:
-                why = None
-            if why:
-                raise ConfigError(f"{key}.critic_encoder_grad={cfg.critic_encoder_grad} scales the value gradient "
-                                  f"into the actor's encoder that a pooled critic shares, but {why}; {fix}, or "
-                                  f"leave {key}.critic_encoder_grad unset")
+        unshared = getattr(cfg, "critic_encoder_grad", None) is not None and cls._no_shared_encoder(cfg, key)
+        if unshared:
+            why, fix = unshared
+            raise ConfigError(f"{key}.critic_encoder_grad={cfg.critic_encoder_grad} scales the value gradient "
+                              f"into the actor's encoder that a pooled critic shares, but {why}; {fix}, or "
+                              f"leave {key}.critic_encoder_grad unset")
         if getattr(cfg, "critic_encoder", "own") == "actor":
             if cfg.critic_input == "state":
                 raise ConfigError(f"{key}.critic_encoder=actor shares the actor's encoder with a pooled critic, but "
@@ -112,6 +104,18 @@ class MAPPO(OnPolicyAgent):
             if get_model(cfg.actor.name).is_recurrent:
                 raise ConfigError(f"{key}.critic_encoder=actor needs a feed-forward actor, and {key}.actor.name="
                                   f"{cfg.actor.name} is recurrent; set {key}.critic_encoder to own")
+
+    @classmethod
+    def _no_shared_encoder(cls, cfg, key: str) -> tuple[str, str] | None:
+        """Why the critic of ``cfg`` shares no encoder with the actor, and the fix; None where it may."""
+        if cfg.critic_input == "state":
+            return f"{key}.critic_input=state", f"set {key}.critic_input to pooled (or auto)"
+        if cls.encoder_choice(cfg) == "own":
+            why = (f"{key}.critic_encoder=own" if cfg.critic_encoder == "own" else
+                   f"{key}.critic_encoder=auto gives a recurrent actor ({key}.actor.name={cfg.actor.name}) "
+                   "a critic encoder of its own")
+            return why, f"set {key}.critic_encoder to actor (or auto, with a feed-forward actor)"
+        return None
 
     @classmethod
     def stores_state(cls, cfg, state_from_obs: bool) -> bool:
