@@ -223,6 +223,7 @@ class OnPolicyAgent(Agent):
             self.modules["value_norm"] = self.value_norm
         self.modules.to(self.device)
         self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5, fused=True)
+        self._clipped = list(self.modules.parameters())   # walking the module tree costs ~1% of a small update
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
@@ -569,7 +570,7 @@ class OnPolicyAgent(Agent):
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.max_grad_norm is not None:
-                norm = nn.utils.clip_grad_norm_(self.modules.parameters(), cfg.max_grad_norm)
+                norm = nn.utils.clip_grad_norm_(self._clipped, cfg.max_grad_norm)
                 if not math.isfinite(float(norm)):
                     raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
                                                 f"the gradient norm became {float(norm)}")
