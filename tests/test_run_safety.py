@@ -598,19 +598,3 @@ def test_an_env_that_fails_to_start_in_a_worker_is_one_line_and_leaves_no_run(tm
     assert "no engine here" in where.read_text()
     where.unlink()
     assert not root.exists() or not any(root.rglob("*"))
-
-
-def test_a_module_imported_meanwhile_is_there_when_the_body_returns(monkeypatch):
-    """``importing_meanwhile`` (the runner imports PyTorch's compiler package while env workers
-    start): the module is imported by the end of the body, and a module that fails to import
-    raises nothing there, but where it is imported next."""
-    import sys
-    from marlkit.runners.runner import importing_meanwhile
-    monkeypatch.delitem(sys.modules, "json.tool", raising=False)
-    with importing_meanwhile("json.tool"):
-        pass
-    assert "json.tool" in sys.modules
-    with importing_meanwhile("no_such_module_here"):
-        pass
-    with pytest.raises(ModuleNotFoundError):
-        __import__("no_such_module_here")

@@ -25,6 +25,7 @@ from marlkit.config import OnPolicyConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError, TrainingDivergedError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import ValueNorm
+from marlkit.optim import Adam, clip_grad_norm
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.spec import GroupSpec, action_layout
 
@@ -222,7 +223,7 @@ class OnPolicyAgent(Agent):
         if self.value_norm is not None:
             self.modules["value_norm"] = self.value_norm
         self.modules.to(self.device)
-        self.optimizer = torch.optim.Adam(self.param_groups(), eps=1e-5, fused=True)
+        self.optimizer = Adam(self.param_groups(), eps=1e-5)
         self._clipped = list(self.modules.parameters())   # walking the module tree costs ~1% of a small update
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
@@ -567,10 +568,10 @@ class OnPolicyAgent(Agent):
                     f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "
                     f"({', '.join(f'{k}={v.item():.4g}' for k, v in metrics.items())}); lower the learning "
                     "rate or check the env's rewards/observations for NaN or inf")
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()
             loss.backward()
             if cfg.max_grad_norm is not None:
-                norm = nn.utils.clip_grad_norm_(self._clipped, cfg.max_grad_norm)
+                norm = clip_grad_norm(self._clipped, cfg.max_grad_norm)
                 if not math.isfinite(float(norm)):
                     raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
                                                 f"the gradient norm became {float(norm)}")

@@ -5,7 +5,6 @@ looks at which algorithm it drives.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import math
 import os
@@ -13,11 +12,10 @@ import pickle
 import random
 import shutil
 import tempfile
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -51,24 +49,6 @@ class RunResult:
     episode_returns: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
-
-
-@contextmanager
-def importing_meanwhile(module: str):
-    """Import ``module`` in a thread while the body runs; done by the time it returns. A failed
-    import is left to whoever imports the module next, which raises it where it matters."""
-    def load():
-        try:
-            importlib.import_module(module)
-        except Exception:
-            pass
-
-    thread = threading.Thread(target=load, name=f"import {module}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        thread.join()
 
 
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
@@ -206,10 +186,7 @@ class Runner:
         with terminate_as_interrupt():
             try:
                 self._check_groups()
-                # the first optimiser imports PyTorch's compiler package (about 0.9 s); imported
-                # while the env workers start, it costs the run about half of that
-                with importing_meanwhile("torch._dynamo"):
-                    self.venv = self._make_venv()
+                self.venv = self._make_venv()
                 self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
                 eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
