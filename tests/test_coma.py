@@ -143,8 +143,7 @@ def test_masked_slots_never_affect_learning():
     finally:
         venv.close()
     assert sum((~t.agent_mask).sum() for t in transitions) > 10 and clean.buffer.step == 0
-    # the bootstrap and the finals are valued at joint actions drawn from the agent's generator,
-    # which acting advanced in ``clean`` only
+    # the bootstrap and the finals are valued at joint actions drawn from the agent's generator
     dirty.generator.set_state(clean.generator.get_state())
     rng = np.random.default_rng(0)
     for tr in transitions:

@@ -13,6 +13,7 @@ from marlkit.buffers import Transition
 from marlkit.envs.factory import make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.networks.distributions import Categorical, MultiCategorical
+from marlkit.networks.noise import GeneratorNoise
 from marlkit.registry import get_agent
 from toy_envs import MaskedChoiceEnv, ScriptedEnv
 
@@ -116,11 +117,12 @@ def test_categorical_never_samples_masked_actions():
     mask = torch.rand(5000, 7, generator=g) < 0.4
     mask[torch.arange(5000), torch.randint(0, 7, (5000,), generator=g)] = True   # at least one legal
     dist = Categorical(logits, mask)
+    noise = GeneratorNoise(g)
     for _ in range(3):
-        a = dist.sample(g)
+        a = dist.sample(noise)
         assert mask[torch.arange(5000), a].all()
     assert mask[torch.arange(5000), dist.mode()].all()
-    assert torch.isfinite(dist.entropy()).all() and torch.isfinite(dist.log_prob(dist.sample(g))).all()
+    assert torch.isfinite(dist.entropy()).all() and torch.isfinite(dist.log_prob(dist.sample(noise))).all()
     # probability mass sits on legal actions only
     assert torch.allclose(dist.log_probs.exp()[~mask], torch.zeros(()), atol=0)
 
@@ -130,7 +132,7 @@ def test_multidiscrete_masks():
     mask = torch.rand(3000, 3 + 4, generator=g) < 0.5
     mask[:, 0] = mask[:, 3] = True
     dist = MultiCategorical(torch.randn(3000, 7, generator=g), [3, 4], mask)
-    a = dist.sample(g)
+    a = dist.sample(GeneratorNoise(g))
     assert mask[torch.arange(3000), a[:, 0]].all() and mask[torch.arange(3000), 3 + a[:, 1]].all()
 
 

@@ -24,6 +24,7 @@ from marlkit.buffers import RolloutBuffer, Transition, compute_gae, last_present
 from marlkit.config import OnPolicyConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError, TrainingDivergedError
 from marlkit.memory import MemoryEstimate
+from marlkit.networks.noise import EnvStreams, GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
 from marlkit.optim import Adam, clip_grad_norm
 from marlkit.registry import UnknownNameError, get_model
@@ -90,6 +91,7 @@ class Agent:
         self.num_envs, self.horizon, self.device = num_envs, horizon, torch.device(device)
         self.n_agents = group.n_agents
         self.rng = np.random.default_rng(seed)
+        self.streams = EnvStreams(seed)   # what acting draws, one stream per env (networks/noise.py)
 
     @classmethod
     def check_config(cls, cfg, runner, key: str) -> None:
@@ -115,14 +117,14 @@ class Agent:
 
     @contextmanager
     def own_generators(self, seed: int):
-        """Acting inside draws from generators seeded with ``seed``, and the agent's own generators
+        """Acting inside draws from streams and generators seeded with ``seed``, and the agent's own
         are left as they were: evaluation episodes cannot change what training draws."""
-        kept = self.rng
-        self.rng = np.random.default_rng(seed)
+        kept = self.rng, self.streams
+        self.rng, self.streams = np.random.default_rng(seed), EnvStreams(seed)
         try:
             yield
         finally:
-            self.rng = kept
+            self.rng, self.streams = kept
 
     def store(self, step: Transition) -> None:
         """Keep one transition; agents that do not learn ignore it."""
@@ -158,12 +160,15 @@ class Agent:
 
     def state_dict(self) -> dict:
         return {"version": CHECKPOINT_VERSION, "agent": self.registered_name, "group": self.group.signature(),
-                "config": to_plain(self.cfg), "rng": self.rng.bit_generator.state}
+                "config": to_plain(self.cfg), "rng": self.rng.bit_generator.state,
+                "streams": self.streams.state_dict()}
 
     def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
         check_compatible(state, self.registered_name, self.group)
         if not weights_only:
             self.rng.bit_generator.state = state["rng"]
+            if "streams" in state:   # checkpoints from before per-env streams go on with fresh ones
+                self.streams.load_state_dict(state["streams"])
 
     def save(self, path: str | Path) -> None:
         torch.save(self.state_dict(), path)
@@ -306,12 +311,13 @@ class OnPolicyAgent(Agent):
         whole, so ``batch["actions"]`` ``[L, B, A, ...]`` is the stored joint action of each sample."""
         raise NotImplementedError
 
-    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool):
-        """Pick actions for ``[1, E, A, ...]`` inputs (``hidden`` is the actor's ``[E, A, H]``).
-        -> (actions ``[1, E, A, ...]``, their log-probs ``[1, E, A]``, next actor hidden or None,
-        normalised values ``[1, E, A]`` when picking them computed values anyway, else None)."""
+    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool, noise):
+        """Pick actions for ``[1, E, A, ...]`` inputs (``hidden`` is the actor's ``[E, A, H]``),
+        drawing from ``noise`` (``marlkit/networks/noise.py``; while acting, each env's stream along
+        dimension 1). -> (actions ``[1, E, A, ...]``, their log-probs ``[1, E, A]``, next actor hidden
+        or None, normalised values ``[1, E, A]`` when picking them computed values anyway, else None)."""
         dist, hidden = self.policy(obs, state, hidden, None, action_mask, agent_mask)
-        action = dist.sample(self.generator) if explore else dist.mode()
+        action = dist.sample(noise) if explore else dist.mode()
         return action, dist.log_prob(action), hidden, None
 
     def after_update(self, progress: Progress | None) -> None:
@@ -359,7 +365,8 @@ class OnPolicyAgent(Agent):
         m = self.tensor(action_mask).unsqueeze(0) if self.group.n_actions else None
         h_actor, h_critic = self.split_hidden(self.tensor(hidden) if hidden is not None else None)
         present = self.tensor(agent_mask).unsqueeze(0)
-        action, log_prob, h_actor, v = self.sample(o, s, present, m, h_actor, explore)
+        action, log_prob, h_actor, v = self.sample(o, s, present, m, h_actor, explore,
+                                                   StreamNoise(self.streams, 1, self.device))
         value = next_hidden = None
         if v is None and self.critic_acts_online:
             v, h_critic = self.values(o, s, h_critic, None, present)
@@ -376,18 +383,17 @@ class OnPolicyAgent(Agent):
 
     # ------------------------------------------------------------------ overlapped collection
 
-    BEHAVIOUR_SEED = 7_919   # offsets the behaviour's generators from the learner's
+    BEHAVIOUR_SEED = 7_919   # offsets the behaviour's streams from the agent's own
 
     def behaviour(self) -> "OnPolicyAgent":
         """A twin of this agent for acting while it updates: the same class and settings, weights
-        copied (``sync_behaviour`` refreshes them), generators of its own (so what acting draws
-        does not depend on how the two threads interleave) and a rollout buffer of its own. It has
-        no optimiser: it never learns."""
-        skip = {id(self.optimizer): None, id(self.buffer): None, id(self.generator): None}
+        copied (``sync_behaviour`` refreshes them), env streams of its own (what acting draws) and a
+        rollout buffer of its own. It has no optimiser and no generators of the learner's: it never
+        learns."""
+        skip = {id(self.optimizer): None, id(self.buffer): None, id(self.generator): None, id(self.rng): None}
         twin = copy.deepcopy(self, skip)
         twin.buffer = self.buffer.empty_like()
-        twin.generator = torch.Generator(device=self.device).manual_seed(self.seed + self.BEHAVIOUR_SEED)
-        twin.rng = np.random.default_rng(self.seed + self.BEHAVIOUR_SEED)
+        twin.streams = EnvStreams(self.seed + self.BEHAVIOUR_SEED)
         twin.modules.requires_grad_(False)
         return twin
 
@@ -403,15 +409,14 @@ class OnPolicyAgent(Agent):
     def behaviour_state(self, behaviour: "OnPolicyAgent") -> dict | None:
         if behaviour is self:
             return None
-        return {"generator": behaviour.generator.get_state(), "rng": behaviour.rng.bit_generator.state,
+        return {"streams": behaviour.streams.state_dict(),
                 "buffer": behaviour.buffer if behaviour.buffer.full else None}   # a rollout cut short is not kept
 
     def load_behaviour_state(self, behaviour: "OnPolicyAgent", state: dict | None) -> None:
         if state is None:
             return
-        if behaviour is not self:   # resumed without overlap, the agent acts as itself from now on
-            behaviour.generator.set_state(state["generator"])
-            behaviour.rng.bit_generator.state = state["rng"]
+        if behaviour is not self and "streams" in state:   # resumed without overlap, the agent acts as itself
+            behaviour.streams.load_state_dict(state["streams"])
         if state["buffer"] is not None:
             behaviour.buffer = state["buffer"]
 
@@ -501,7 +506,8 @@ class OnPolicyAgent(Agent):
             m = self.tensor(action_mask if action_mask is not None else
                             np.ones(agent_mask.shape + (self.group.n_actions,), bool)).unsqueeze(0)
         action, _, _, _ = self.sample(self.tensor(obs).unsqueeze(0), self.tensor(state).unsqueeze(0),
-                                      self.tensor(agent_mask).unsqueeze(0), m, h_actor, True)
+                                      self.tensor(agent_mask).unsqueeze(0), m, h_actor, True,
+                                      GeneratorNoise(self.generator))
         return action[0].cpu().numpy()
 
     def value_of(self, obs: np.ndarray, state: np.ndarray, agent_mask: np.ndarray, hidden: np.ndarray | None):

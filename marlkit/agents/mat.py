@@ -127,7 +127,7 @@ class MAT(OnPolicyAgent):
 
     # ------------------------------------------------------------------ acting
 
-    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool):
+    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool, noise):
         """Autoregressive decoding of ``[1, E, A, ...]`` inputs, one agent position at a time for all
         envs together; absent slots get action 0 (zeros for Box) and log-prob 0."""
         present = agent_mask[0].bool()
@@ -140,9 +140,10 @@ class MAT(OnPolicyAgent):
         decoding = decoder.start(rep)
         token = self.tokens.start(E, rep)
         actions, log_probs = [], []
+        noise = noise.along(0)   # the distributions below are over [E, ...]
         for p in range(A):
             dist = head(decoder.step(token, decoding, p), mask[:, p] if mask is not None else None)
-            action = dist.sample(self.generator) if explore else dist.mode()
+            action = dist.sample(noise) if explore else dist.mode()
             live = present_o[:, p]
             action = torch.where(live.reshape(-1, *[1] * (action.dim() - 1)), action, torch.zeros_like(action))
             actions.append(action)

@@ -27,20 +27,20 @@ class RandomAgent(Agent):
         if hybrid is not None:  # [continuous in [-1, 1] or the Box's bounds, branch choices] as floats
             box, branches = space.spaces
             parts = np.split(action_mask, np.cumsum(hybrid[1])[:-1], -1)
-            choices = np.stack([np.where(m, self.rng.random(m.shape), -1.0).argmax(-1) for m in parts], -1)
+            choices = np.stack([np.where(m, self.streams.uniform(m.shape), -1.0).argmax(-1) for m in parts], -1)
             low, high = np.nan_to_num(box.low, neginf=-1.0), np.nan_to_num(box.high, posinf=1.0)
-            continuous = self.rng.uniform(low, high, (E, A) + box.shape)
+            continuous = low + (high - low) * self.streams.uniform((E, A) + box.shape)
             return ActOut(np.concatenate([continuous, choices], -1).astype(np.float32), np.zeros((E, A), np.float32))
         if isinstance(space, spaces.Discrete):
             # argmax of random scores over allowed actions = uniform among them
-            scores = np.where(action_mask, self.rng.random(action_mask.shape), -1.0)
+            scores = np.where(action_mask, self.streams.uniform(action_mask.shape), -1.0)
             actions = scores.argmax(-1)
         elif isinstance(space, spaces.MultiDiscrete):
             parts = np.split(action_mask, np.cumsum(space.nvec)[:-1], -1)
-            actions = np.stack([np.where(m, self.rng.random(m.shape), -1.0).argmax(-1) for m in parts], -1)
+            actions = np.stack([np.where(m, self.streams.uniform(m.shape), -1.0).argmax(-1) for m in parts], -1)
         else:
             low, high = np.broadcast_to(space.low, space.shape), np.broadcast_to(space.high, space.shape)
             low, high = np.nan_to_num(low, neginf=-1.0), np.nan_to_num(high, posinf=1.0)
-            actions = self.rng.uniform(low, high, (E, A) + space.shape).astype(np.float32)
+            actions = (low + (high - low) * self.streams.uniform((E, A) + space.shape)).astype(np.float32)
         log_prob = np.zeros((E, A), np.float32)
         return ActOut(actions.astype(np.int64) if not isinstance(space, spaces.Box) else actions, log_prob)

@@ -1,7 +1,8 @@
 """Action distributions with action masks, and the heads that produce them.
 
 Masked logits are set to a large negative number, so masked actions get probability exactly 0
-(never sampled) while entropies and gradients stay finite.
+(never sampled) while entropies and gradients stay finite. ``sample`` draws from a noise source
+(``marlkit/networks/noise.py``): each env's own random stream while acting.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ class Categorical:
             logits = torch.where(mask, logits, torch.full_like(logits, MASKED))
         self.log_probs = torch.log_softmax(logits, -1)
 
-    def sample(self, generator: torch.Generator | None = None) -> torch.Tensor:
-        probs = self.log_probs.exp()
-        flat = probs.reshape(-1, probs.shape[-1])
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    def sample(self, noise) -> torch.Tensor:
+        """Gumbel-max: the argmax of the log-probabilities plus Gumbel noise is a draw from the
+        distribution, and a masked action (log-probability about -1e9) is never the argmax."""
+        gumbel = -torch.log(-torch.log(noise.uniform(self.log_probs.shape)))
+        return (self.log_probs + gumbel).argmax(-1)
 
     def mode(self) -> torch.Tensor:
         return self.log_probs.argmax(-1)
@@ -46,8 +48,8 @@ class MultiCategorical:
         masks = torch.split(mask, nvec, -1) if mask is not None else [None] * len(nvec)
         self.parts = [Categorical(lg, m) for lg, m in zip(torch.split(logits, nvec, -1), masks)]
 
-    def sample(self, generator=None) -> torch.Tensor:
-        return torch.stack([p.sample(generator) for p in self.parts], -1)
+    def sample(self, noise) -> torch.Tensor:
+        return torch.stack([p.sample(noise) for p in self.parts], -1)
 
     def mode(self) -> torch.Tensor:
         return torch.stack([p.mode() for p in self.parts], -1)
@@ -63,9 +65,8 @@ class DiagGaussian:
     def __init__(self, mean: torch.Tensor, log_std: torch.Tensor):
         self.mean, self.log_std = mean, log_std.expand_as(mean)
 
-    def sample(self, generator=None) -> torch.Tensor:
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype, device=self.mean.device)
-        return self.mean + self.log_std.exp() * noise
+    def sample(self, noise) -> torch.Tensor:
+        return self.mean + self.log_std.exp() * noise.normal(self.mean.shape)
 
     def mode(self) -> torch.Tensor:
         return self.mean
@@ -86,8 +87,8 @@ class Hybrid:
         self.gaussian, self.branches = gaussian, branches
         self.n_continuous = gaussian.mean.shape[-1]
 
-    def sample(self, generator=None) -> torch.Tensor:
-        return torch.cat([self.gaussian.sample(generator), self.branches.sample(generator).float()], -1)
+    def sample(self, noise) -> torch.Tensor:
+        return torch.cat([self.gaussian.sample(noise), self.branches.sample(noise).float()], -1)
 
     def mode(self) -> torch.Tensor:
         return torch.cat([self.gaussian.mode(), self.branches.mode().float()], -1)
