@@ -76,14 +76,41 @@ class RolloutBuffer:
     def empty_like(self) -> "RolloutBuffer":
         """A second buffer of the same shapes and dtypes, empty (overlapped collection fills one while
         the other is trained on)."""
+        return self.for_envs(self.num_envs)
+
+    def for_envs(self, num_envs: int) -> "RolloutBuffer":
+        """An empty buffer of this one's layout for ``num_envs`` envs (an env worker's share of them,
+        ``runner.act_in_workers``)."""
         twin = copy.copy(self)
         for name, value in vars(self).items():
             if isinstance(value, np.ndarray):
-                setattr(twin, name, np.zeros_like(value))
-        twin.action_mask = np.ones_like(self.action_mask)
-        twin.extras = {k: np.zeros_like(v) for k, v in self.extras.items()}
+                setattr(twin, name, np.zeros((self.horizon, num_envs) + value.shape[2:], value.dtype))
+        twin.action_mask = np.ones_like(twin.action_mask)
+        twin.extras = {k: np.zeros((self.horizon, num_envs) + v.shape[2:], v.dtype) for k, v in self.extras.items()}
+        twin.num_envs = num_envs
         twin.reset()
         return twin
+
+    def fill_from(self, parts: list["RolloutBuffer"]) -> None:
+        """Hold the full rollouts of ``parts``, the buffers of consecutive blocks of this buffer's
+        envs in env order (what the env workers collected), written into this buffer's arrays."""
+        if sum(p.num_envs for p in parts) != self.num_envs or not all(p.full for p in parts):
+            raise ValueError(f"{len(parts)} partial rollouts of {[p.num_envs for p in parts]} envs and "
+                             f"{[p.step for p in parts]} steps do not make one of {self.num_envs} envs")
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                np.concatenate([getattr(p, name) for p in parts], axis=1, out=value)
+        for key, first in parts[0].extras.items():
+            if key not in self.extras:
+                self.extras[key] = np.zeros((self.horizon, self.num_envs) + first.shape[2:], first.dtype)
+            np.concatenate([p.extras[key] for p in parts], axis=1, out=self.extras[key])
+        self.finals, offset = [], 0
+        for p in parts:
+            self.finals += [(t, e + offset, *rest) for t, e, *rest in p.finals]
+            offset += p.num_envs
+        self.finals.sort(key=lambda final: final[:2])   # in the order one buffer would have stored them
+        self.has_values = all(p.has_values for p in parts)
+        self.step = self.horizon
 
     @property
     def full(self) -> bool:

@@ -94,7 +94,9 @@ class RunnerConfig:
     ray_address: Optional[str] = None
     ray_cpus_per_worker: float = field(default=1.0, metadata=_range(0.01))
     ray_max_restarts: int = field(default=3, metadata=_range(0))   # lost actors replaced per run
-    start_method: Literal["spawn", "forkserver", "fork"] = "spawn"
+    # auto: fork on Linux where this process has no other thread (workers start at once, torch
+    # already imported), else spawn
+    start_method: Literal["auto", "spawn", "forkserver", "fork"] = "auto"
     worker_timeout: float = field(default=60.0, metadata=_range(0.1))
     worker_start_timeout: float = field(default=120.0, metadata=_range(0.1))
     horizon: int = field(default=25, metadata=_range(1))
@@ -118,6 +120,10 @@ class RunnerConfig:
     # collect the next rollout while the update runs (policy lag 1); null: on where the envs step
     # in worker processes (vectorize subprocess or ray, or auto with two envs or more)
     overlap: Optional[bool] = None
+    # the env worker processes act on their own envs and send whole rollouts (no round trip per
+    # step; the same results); null: on where they are processes of this machine (vectorize
+    # subprocess, or auto with two envs or more)
+    act_in_workers: Optional[bool] = None
 
     def envs_in_workers(self) -> bool:
         """Whether the training envs step outside this process."""
@@ -127,7 +133,19 @@ class RunnerConfig:
         """Whether collection overlaps the update (``overlap``, null resolved)."""
         return self.envs_in_workers() if self.overlap is None else self.overlap
 
+    def acts_in_workers(self) -> bool:
+        """Whether the env workers act on their own envs (``act_in_workers``, null resolved)."""
+        in_processes = self.envs_in_workers() and self.vectorize != "ray"
+        return in_processes if self.act_in_workers is None else self.act_in_workers
+
     def check(self) -> None:
+        if self.act_in_workers and not (self.envs_in_workers() and self.vectorize != "ray"):
+            raise ConfigError(
+                f"runner.act_in_workers: true needs env worker processes of this machine, but runner.vectorize: "
+                f"{self.vectorize} with runner.parallels: {self.parallels} "
+                + ("steps the envs in Ray actors, which take the actions of this process" if self.vectorize == "ray"
+                   else "steps them in this process")
+                + "; set runner.vectorize: subprocess, or runner.act_in_workers: false")
         if self.overlap and not self.envs_in_workers():
             raise ConfigError(
                 f"runner.overlap: true needs envs that step in worker processes, but runner.vectorize: "

@@ -2,6 +2,7 @@
 rollout in flight, determinism, and the settings it refuses."""
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,40 +22,43 @@ def _checksum(agent) -> float:
 
 @register_agent("MAPPO_LAG_PROBE")
 class LagProbe(MAPPO):
-    """MAPPO that records which actor weights each act used and what each update left behind (a
-    class attribute, shared by the agent and its behaviour twin)."""
+    """MAPPO whose actions carry a checksum of the actor weights that picked them (an extra, stored
+    with the rollout wherever the acting happens: here or in an env worker), and which records per
+    update the checksums its rollout was acted with, and its weights after it."""
 
-    acted: list = []
+    collected_with: list = []
     updated: list = []
 
     def act(self, *args, **kwargs):
-        LagProbe.acted.append(_checksum(self))
-        return super().act(*args, **kwargs)
+        out = super().act(*args, **kwargs)
+        out.extras["acted_with"] = np.full(out.log_prob.shape, _checksum(self))
+        return out
 
     def update(self, *args, **kwargs):
         if not LagProbe.updated:
             LagProbe.updated.append(_checksum(self))   # the initial weights, "update -1"
+        LagProbe.collected_with.append(set(self.buffer.extras["acted_with"].ravel().tolist()))
         metrics = super().update(*args, **kwargs)
         LagProbe.updated.append(_checksum(self))
         return metrics
 
 
 @pytest.mark.parametrize("overlap, lag", [(True, 1), (False, 0)])
-def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, lag):
-    """Rollout r acts with the weights after update r - 1 - lag (the initial ones before that):
-    lag 1 with overlap, lag 0 when collection and update take turns. With overlap a 7th rollout
-    is collected beside the 6th, last, update (kept for a resume)."""
-    LagProbe.acted.clear()
+@pytest.mark.parametrize("in_workers", [True, False])
+def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, lag, in_workers):
+    """Rollout r is acted on with the weights after update r - 1 - lag (the initial ones before
+    that): lag 1 with overlap, lag 0 when collection and update take turns, whether the env workers
+    act or this process does."""
+    LagProbe.collected_with.clear()
     LagProbe.updated.clear()
     marlkit.run(agent="MAPPO_LAG_PROBE", env="mpe_spread", seed=3,
-                **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.total_steps": 600,
-                   "agents.MAPPO_LAG_PROBE.lr": 1e-2})
-    horizon, updates = 25, 6
+                **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.act_in_workers": in_workers,
+                   "runner.total_steps": 600, "agents.MAPPO_LAG_PROBE.lr": 1e-2})
+    updates = 6
     assert len(LagProbe.updated) == updates + 1 and len(set(LagProbe.updated)) == updates + 1   # each one changed them
-    assert len(LagProbe.acted) == horizon * (updates + lag)
-    for r in range(updates + lag):
-        used = set(LagProbe.acted[r * horizon:(r + 1) * horizon])
-        assert used == {LagProbe.updated[max(r - lag, 0)]}, r
+    assert len(LagProbe.collected_with) == updates
+    for r in range(updates):
+        assert LagProbe.collected_with[r] == {LagProbe.updated[max(r - lag, 0)]}, r
 
 
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])

@@ -533,15 +533,16 @@ SCRIPT = """
 import marlkit
 {indent}marlkit.run(agent="MAPPO", env="mpe_spread", logger="none", **{{"runner.vectorize": "subprocess",
 {indent}    "runner.parallels": 2, "runner.horizon": 25, "runner.total_steps": 100, "runner.progress": False,
-{indent}    "runner.run_root": {root!r}}})
+{indent}    "runner.start_method": {start!r}, "runner.run_root": {root!r}}})
 """
 
 
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path, guarded):
-    """Worker processes start by importing the main script again: unguarded, marlkit refuses before
-    starting any, instead of a RuntimeError from every worker."""
-    body = SCRIPT.format(indent="    " if guarded else "", root=str(tmp_path / "runs"))
+    """Spawned worker processes start by importing the main script again (the start method of
+    macOS, Windows and of a Linux process that runs other threads): unguarded, marlkit refuses
+    before starting any, instead of a RuntimeError from every worker."""
+    body = SCRIPT.format(indent="    " if guarded else "", root=str(tmp_path / "runs"), start="spawn")
     if guarded:
         body = body.replace("import marlkit\n", "import marlkit\nif __name__ == \"__main__\":\n")
     script = tmp_path / "train.py"
@@ -559,10 +560,23 @@ def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux alone")
+def test_a_script_without_a_main_guard_runs_where_workers_are_forked(tmp_path):
+    """On Linux, in a process with no other thread, workers are forked (``runner.start_method:
+    auto``): they import nothing again, so the script needs no guard."""
+    body = SCRIPT.format(indent="", root=str(tmp_path / "runs"), start="auto")
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=cli_env(), timeout=300)
+    assert out.returncode == 0, out.stderr
+    [run] = run_dirs(tmp_path / "runs")
+    assert (run / "latest.pt").is_file()
+
+
 def test_a_script_read_from_standard_input_is_refused_before_any_worker_starts(tmp_path):
-    """Workers cannot import a main script that is no file (``python - < train.py``): one line
-    saying so, not a worker dying while it creates the env."""
-    body = SCRIPT.format(indent="    ", root=str(tmp_path / "runs"))
+    """Spawned workers cannot import a main script that is no file (``python - < train.py``): one
+    line saying so, not a worker dying while it creates the env."""
+    body = SCRIPT.format(indent="    ", root=str(tmp_path / "runs"), start="spawn")
     body = body.replace("import marlkit\n", "import marlkit\nif __name__ == \"__main__\":\n")
     out = subprocess.run([sys.executable, "-"], input=body, capture_output=True, text=True, env=cli_env(), timeout=300)
     assert out.returncode == 1

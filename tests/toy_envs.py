@@ -257,6 +257,22 @@ def crashing(**kwargs):
     return CrashingEnv(**kwargs)
 
 
+class SlowEnv(ScriptedEnv):
+    """Every step takes ``seconds`` (a slow game)."""
+
+    def __init__(self, seconds=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def step(self, actions):
+        time.sleep(self.seconds)
+        return super().step(actions)
+
+
+def slow(**kwargs):
+    return SlowEnv(**kwargs)
+
+
 class ChildProcessEnv(ScriptedEnv):
     """Starts a child process of its own (as a game engine does) and writes its pid to ``pid_file``;
     with ``hang_at`` it stops answering at that step."""

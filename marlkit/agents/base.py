@@ -148,6 +148,26 @@ class Agent:
     def sync_behaviour(self, behaviour: "Agent") -> None:
         """Copy this agent's weights, after an update, into ``behaviour``."""
 
+    # ------------------------------------------------------------------ acting in env workers
+
+    def acting_copy(self, first_env: int, num_envs: int) -> "Agent":
+        """A copy of this agent that acts on the envs ``first_env .. first_env + num_envs - 1`` in an
+        env worker (``runner.act_in_workers``): the same settings and weights, those envs' streams
+        where they stand, and (for an agent that learns) rollout storage for them alone. It is
+        pickled to the worker."""
+        twin = copy.copy(self)
+        twin.streams = self.streams.block(first_env, num_envs)
+        twin.num_envs = num_envs
+        return twin
+
+    def acting_state(self):
+        """What an acting copy needs after an update to act as this agent does (its weights); None:
+        nothing changes."""
+        return None
+
+    def load_acting_state(self, state) -> None:
+        """The inverse of ``acting_state``, on an acting copy."""
+
     def behaviour_state(self, behaviour: "Agent") -> dict | None:
         """What a checkpoint needs of ``behaviour`` besides this agent's own state: its generators and
         the rollout it holds (an overlapped run saves with the next rollout collected)."""
@@ -386,16 +406,28 @@ class OnPolicyAgent(Agent):
     BEHAVIOUR_SEED = 7_919   # offsets the behaviour's streams from the agent's own
 
     def behaviour(self) -> "OnPolicyAgent":
-        """A twin of this agent for acting while it updates: the same class and settings, weights
-        copied (``sync_behaviour`` refreshes them), env streams of its own (what acting draws) and a
-        rollout buffer of its own. It has no optimiser and no generators of the learner's: it never
-        learns."""
+        """A twin of this agent for acting while it updates: an acting copy for all its envs
+        (weights copied, ``sync_behaviour`` refreshes them), with env streams of its own."""
+        twin = self.acting_copy(0, self.num_envs)
+        twin.streams = EnvStreams(self.seed + self.BEHAVIOUR_SEED)
+        return twin
+
+    def acting_copy(self, first_env: int, num_envs: int) -> "OnPolicyAgent":
+        """The same class and settings, weights copied, the streams of those envs and a rollout
+        buffer for them alone; no optimiser and none of the learner's generators: it never learns."""
         skip = {id(self.optimizer): None, id(self.buffer): None, id(self.generator): None, id(self.rng): None}
         twin = copy.deepcopy(self, skip)
-        twin.buffer = self.buffer.empty_like()
-        twin.streams = EnvStreams(self.seed + self.BEHAVIOUR_SEED)
+        twin.buffer = self.buffer.for_envs(num_envs)
+        twin.streams = self.streams.block(first_env, num_envs)
+        twin.num_envs = num_envs
         twin.modules.requires_grad_(False)
         return twin
+
+    def acting_state(self) -> dict[str, torch.Tensor]:
+        return self.modules.state_dict()
+
+    def load_acting_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.modules.load_state_dict(state)
 
     def take_rollout(self, behaviour: "OnPolicyAgent") -> None:
         if behaviour is not self:
@@ -404,7 +436,7 @@ class OnPolicyAgent(Agent):
 
     def sync_behaviour(self, behaviour: "OnPolicyAgent") -> None:
         if behaviour is not self:
-            behaviour.modules.load_state_dict(self.modules.state_dict())
+            behaviour.load_acting_state(self.acting_state())
 
     def behaviour_state(self, behaviour: "OnPolicyAgent") -> dict | None:
         if behaviour is self:

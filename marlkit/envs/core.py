@@ -54,6 +54,22 @@ class Observation:
     # on (see "Per-agent episodes" above); None when no agent restarts
     final: "Observation | None" = None
 
+    def rows(self, first: int, count: int) -> "Observation":
+        """Envs ``first .. first + count - 1`` of a vector env's observation (views)."""
+        part = slice(first, first + count)
+        return Observation({g: o[part] for g, o in self.obs.items()}, self.state[part],
+                           {g: m[part] for g, m in self.agent_mask.items()},
+                           {g: m[part] for g, m in self.action_mask.items()})
+
+    @staticmethod
+    def join(parts: list["Observation"]) -> "Observation":
+        """A vector env's observation from those of consecutive blocks of its envs, in env order."""
+        groups = parts[0].obs
+        return Observation({g: np.concatenate([p.obs[g] for p in parts]) for g in groups},
+                           np.concatenate([p.state for p in parts]),
+                           {g: np.concatenate([p.agent_mask[g] for p in parts]) for g in groups},
+                           {g: np.concatenate([p.action_mask[g] for p in parts]) for g in groups})
+
 
 @dataclass
 class StepResult:

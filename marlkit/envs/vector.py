@@ -10,12 +10,15 @@ the env it was busy with, within ``timeout`` seconds (``start_timeout`` while th
 from __future__ import annotations
 
 import atexit
+import copy
 import io
 import multiprocessing as mp
 import os
 import pickle
 import select
 import signal
+import sys
+import threading
 import time
 import traceback
 import weakref
@@ -197,6 +200,26 @@ class EpisodeStats:
             self.seen[g] |= acting_mask[g]
             self.agent_length[g] += 1
 
+    def rows(self, first: int, count: int) -> "EpisodeStats":
+        """The accumulators of envs ``first .. first + count - 1`` (copies), for a worker of those envs."""
+        part = slice(first, first + count)
+        block = copy.copy(self)
+        block.returns = {g: v[part].copy() for g, v in self.returns.items()}
+        block.seen = {g: v[part].copy() for g, v in self.seen.items()}
+        block.agent_length = {g: v[part].copy() for g, v in self.agent_length.items()}
+        block.length = self.length[part].copy()
+        return block
+
+    @staticmethod
+    def join(parts: list["EpisodeStats"]) -> "EpisodeStats":
+        """The accumulators of consecutive blocks of envs, in env order, as one."""
+        whole = copy.copy(parts[0])
+        for name in ("returns", "seen", "agent_length"):
+            setattr(whole, name, {g: np.concatenate([getattr(p, name)[g] for p in parts])
+                                  for g in getattr(parts[0], name)})
+        whole.length = np.concatenate([p.length for p in parts])
+        return whole
+
     def ended(self, episode_end: np.ndarray, agent_end: dict) -> list[dict]:
         """Per env, ``{"episode": {"return": {group: ...}, "length": ...}}`` for an episode that
         ended this step (the env's, or single agents'), else ``{}``; the ended returns restart."""
@@ -295,8 +318,8 @@ class VectorEnv:
         if len(state["envs"]) != self.num_envs:
             raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has {self.num_envs}; "
                              "resume with the same runner.parallels")
-        self._load_env_states(state["envs"])
         self.stats, self._acting = state["stats"], state["acting"]
+        self._load_env_states(state["envs"])
 
     def _env_states(self) -> list[bytes | None]:
         raise NotImplementedError
@@ -324,9 +347,23 @@ class SyncVectorEnv(VectorEnv):
         except BaseException:
             self.close()
             raise
+        self._set_up()
+
+    @classmethod
+    def hosting(cls, envs: list[MultiAgentEnv], on_env: Callable[[int | None], None]) -> "SyncVectorEnv":
+        """A vector env over envs built already (an env worker's, for a job it runs on them);
+        ``on_env(i)`` is called before env ``i`` steps, and ``on_env(None)`` after the last."""
+        venv = cls.__new__(cls)
+        VectorEnv.__init__(venv)
+        venv.envs = envs
+        venv._set_up(on_env)
+        return venv
+
+    def _set_up(self, on_env: Callable[[int | None], None] | None = None) -> None:
         self.spec = self.envs[0].spec
         self.num_envs = len(self.envs)
         self.arrays = _Arrays(self.spec, self.num_envs, action_shapes(self.spec))
+        self._on_env = on_env
 
     def reset(self, seed: int | None = None) -> Observation:
         for e, (env, s) in enumerate(zip(self.envs, _seeds(seed, self.num_envs))):
@@ -335,11 +372,16 @@ class SyncVectorEnv(VectorEnv):
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         ended = {}
+        on_env = self._on_env
         for e, env in enumerate(self.envs):
+            if on_env is not None:
+                on_env(e)
             ob, reward, terminated, truncated, done = env.step({g: a[e] for g, a in actions.items()})
             if done:
                 ended[e] = env.episode_stats()
             self.arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
+        if on_env is not None:
+            on_env(None)
         return self._finish(self.arrays, ended)
 
     def render(self, index: int = 0):
@@ -391,15 +433,25 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
+def _worker(conn, env_fns: list, indices: list[int], busy, ticks, inherited: list[int]) -> None:
     # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
     # SIGTERM (the parent's terminate(), or a kill of the process group) unwinds, so that the envs
     # below are closed and the game processes they started go with them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    # a forked worker holds copies of the parent's ends of its own pipe and its elder siblings':
+    # closed, so that each pipe reaches EOF here when the parent is gone
+    for fd in inherited:
+        os.close(fd)
     envs: list = []
     arrays = None
+    hosted = job = None   # the worker's envs as a vector env of their own, and the job run on them
     busy = _Current(busy)
+
+    def on_env(i: int | None) -> None:
+        busy.set(indices[i] if i is not None else None)
+        ticks.value += 1
+
     try:
         for i, fn in zip(indices, env_fns):
             busy.set(i)
@@ -433,16 +485,30 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
                     arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
                 busy.set(None)
                 conn.send(("ok", ended))
+            elif cmd == "install":
+                job, stats, acting = arg
+                hosted = SyncVectorEnv.hosting(envs, on_env)
+                hosted.stats, hosted._acting = stats, acting
+                job.install(hosted)
+                conn.send(("ok", None))
+            elif cmd == "run":
+                # a plain pickle: torch's reductions for this pipe would send tensors as file descriptors
+                conn.send_bytes(pickle.dumps(("ok", job.run(arg)), pickle.HIGHEST_PROTOCOL))
             elif cmd == "render":
                 busy.set(arg)
                 conn.send(("ok", envs[indices.index(arg)].render()))
                 busy.set(None)
             elif cmd == "get_state":
-                conn.send(("ok", [dumps_state(env) for env in envs]))
+                local = (hosted.stats, hosted._acting) if hosted is not None else None
+                conn.send(("ok", ([dumps_state(env) for env in envs], local)))
             elif cmd == "set_state":
+                blobs, local = arg
                 for env in envs:
                     env.close()
-                envs = [pickle.loads(blob) for blob in arg]
+                envs = [pickle.loads(blob) for blob in blobs]
+                if hosted is not None:
+                    hosted.envs = envs
+                    hosted.stats, hosted._acting = local
                 conn.send(("ok", None))
             elif cmd == "close":
                 break
@@ -468,6 +534,7 @@ def _worker(conn, env_fns: list, indices: list[int], busy) -> None:
 
 
 _LIVE: "weakref.WeakSet[SubprocVectorEnv]" = weakref.WeakSet()
+STARTING = ("creating the env", "installing a job")   # what runner.worker_start_timeout bounds
 
 
 @atexit.register
@@ -480,28 +547,32 @@ class SubprocVectorEnv(VectorEnv):
     """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn)."""
 
     def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
-                 start_method: str = "spawn", start_timeout: float = 120.0):
+                 start_method: str = "auto", start_timeout: float = 120.0):
         super().__init__()
+        start_method = resolve_start_method(start_method)
         if start_method != "fork":
             check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)",
                                instead="set runner.vectorize: sync")
         self.num_envs = len(env_fns)
         num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
-        self.timeout = timeout
+        self.timeout, self.start_timeout = timeout, start_timeout
         self.closed = False
         self.arrays = None
+        self.hosts_jobs = False
         chunks = np.array_split(np.arange(self.num_envs), num_workers)
         self.indices = [c.tolist() for c in chunks]
         ctx = mp.get_context(start_method)
-        self.conns, self.procs, self.busy, self.pollers = [], [], [], []
+        self.conns, self.procs, self.busy, self.ticks, self.pollers = [], [], [], [], []
         _LIVE.add(self)
         try:
             for idx in self.indices:
                 parent, child = ctx.Pipe()
-                busy = ctx.RawValue("i", -1)
+                busy, ticks = ctx.RawValue("i", -1), ctx.RawValue("Q", 0)
                 self.busy.append(busy)
-                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy), daemon=False,
-                                   name=f"marlkit-env-{idx[0]}-{idx[-1]}")
+                self.ticks.append(ticks)
+                inherited = [c.fileno() for c in self.conns + [parent]] if start_method == "fork" else []
+                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy, ticks, inherited),
+                                   daemon=False, name=f"marlkit-env-{idx[0]}-{idx[-1]}")
                 proc.start()
                 child.close()
                 # one poll object per pipe: Connection.poll builds a selector per call, which costs
@@ -535,15 +606,20 @@ class SubprocVectorEnv(VectorEnv):
         self.procs[w].join(1.0)
         return EnvWorkerError(f"{self._culprit(w)} died with exit code {self.procs[w].exitcode} while {what}")
 
-    def _receive(self, w: int, what: str, timeout: float | None = None):
+    def _receive(self, w: int, what: str, timeout: float | None = None, progress: bool = False):
+        """The worker's reply; ``timeout`` is how long it may go without one or, with ``progress``
+        (a job stepping its envs many times), without stepping an env."""
         conn, proc, poller = self.conns[w], self.procs[w], self.pollers[w]
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        ticks = self.ticks[w].value
         while not poller.poll(50):   # also wakes when the worker's end closes; recv then says EOF
             if not proc.is_alive() and not conn.poll(0):
                 raise self._died(w, what)
-            if time.monotonic() > deadline:
-                setting = "runner.worker_start_timeout" if what == "creating the env" else "runner.worker_timeout"
+            if progress and self.ticks[w].value != ticks:
+                ticks, deadline = self.ticks[w].value, time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                setting = "runner.worker_start_timeout" if what in STARTING else "runner.worker_timeout"
                 raise EnvWorkerError(f"{self._culprit(w)} did not answer within {timeout:g} s while {what} "
                                      f"({setting})")
         try:
@@ -558,9 +634,9 @@ class SubprocVectorEnv(VectorEnv):
             raise EnvWorkerError(f"{where} raised while {what}: {summary}", worker_traceback=tb)
         return payload
 
-    def _gather(self, workers, what: str, timeout: float | None = None) -> list:
+    def _gather(self, workers, what: str, timeout: float | None = None, progress: bool = False) -> list:
         try:
-            return [self._receive(w, what, timeout) for w in workers]
+            return [self._receive(w, what, timeout, progress) for w in workers]
         except BaseException:
             self.close(grace=1.0)
             raise
@@ -594,17 +670,48 @@ class SubprocVectorEnv(VectorEnv):
         self.conns[w].send(("render", index))
         return self._gather([w], "rendering")[0]
 
+    # ------------------------------------------------------------------ jobs on the workers' own envs
+
+    @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """Per worker, (its first env, how many envs it hosts): consecutive blocks in env order."""
+        return [(idx[0], len(idx)) for idx in self.indices]
+
+    def install_jobs(self, jobs: list) -> None:
+        """Give each worker a job (picklable; ``jobs[w]`` for the envs of ``blocks[w]``) that runs on
+        its envs in the worker: ``job.install(venv)`` once, with the worker's envs as a vector env of
+        its own (which keeps their episode accumulators from now on), then ``job.run(arg)`` per
+        ``run_jobs``. The envs layer knows nothing of what a job does."""
+        self._broadcast("install", per_worker=[
+            (job, self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()})
+            for job, (first, count) in zip(jobs, self.blocks)])
+        # a spawned worker imports what the jobs need (torch) as it unpickles them: start-up time
+        self._gather(range(len(self.conns)), "installing a job", self.start_timeout)
+        self.hosts_jobs = True
+
+    def run_jobs(self, args: list, what: str) -> list:
+        """``job.run(args[w])`` in every worker at once -> their results, in worker order. A worker
+        that steps none of its envs for ``runner.worker_timeout`` seconds is an error."""
+        self._broadcast("run", per_worker=args)
+        return self._gather(range(len(self.conns)), what, progress=True)
+
     def _env_states(self) -> list[bytes | None]:
         self._broadcast("get_state")
         per_worker = self._gather(range(len(self.conns)), "saving env state")
         blobs: list[bytes | None] = [None] * self.num_envs
-        for idx, worker_blobs in zip(self.indices, per_worker):
+        for idx, (worker_blobs, _) in zip(self.indices, per_worker):
             for i, blob in zip(idx, worker_blobs):
                 blobs[i] = blob
+        if self.hosts_jobs:   # the workers' own vector envs keep the episode accumulators
+            self.stats = EpisodeStats.join([local[0] for _, local in per_worker])
+            self._acting = {g: np.concatenate([local[1][g] for _, local in per_worker]) for g in self._acting}
         return blobs
 
     def _load_env_states(self, blobs: list[bytes]) -> None:
-        self._broadcast("set_state", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
+        local = [(self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()})
+                 if self.hosts_jobs else None for first, count in self.blocks]
+        self._broadcast("set_state", per_worker=[([blobs[i] for i in idx], part)
+                                                 for idx, part in zip(self.indices, local)])
         self._gather(range(len(self.conns)), "restoring env state")
 
     def close(self, grace: float | None = None) -> None:
@@ -634,8 +741,18 @@ class SubprocVectorEnv(VectorEnv):
             self.arrays.release(unlink=True)
 
 
+def resolve_start_method(method: str) -> str:
+    """``auto``: ``fork`` on Linux in a process with no other Python thread (a forked worker starts at
+    once, with the modules already imported, torch's among them), else ``spawn``: macOS's system
+    libraries are not safe to fork, and another thread may hold a lock the child would wait on
+    forever. (The thread pools of numpy's and torch's math libraries reset themselves in a child.)"""
+    if method != "auto":
+        return method
+    return "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
+
+
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
-                    num_workers: int | None = None, timeout: float = 60.0, start_method: str = "spawn",
+                    num_workers: int | None = None, timeout: float = 60.0, start_method: str = "auto",
                     start_timeout: float = 120.0, first_index: int = 0) -> VectorEnv:
     """``env_fn(first_index + i)`` builds env ``i``; it must be picklable for
     ``vectorize='subprocess'``. ``'auto'`` is ``'subprocess'`` for two envs or more and ``'sync'``

@@ -29,6 +29,15 @@ def advance_hidden(outs: dict, episode_end: np.ndarray, agent_end: dict) -> dict
     return hidden
 
 
+def count_episodes(state: dict, episodes) -> None:
+    """Finished episodes' returns and statistics into ``state``'s recent ones and its count."""
+    for episode in episodes:
+        state["recent"].append(episode["return"])
+        state["episodes"] += 1
+        if "stats" in episode:
+            state["recent_stats"].append(episode["stats"])
+
+
 def act(agents: dict[str, Agent], obs: Observation, hidden: dict, explore: bool) -> dict:
     return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
             for g, agent in agents.items()}
@@ -44,9 +53,11 @@ class Collector:
 
     def collect(self, state: dict) -> None:
         """One rollout from ``state``'s observation and hidden state, which move on to where it
-        ends; finished episodes are counted in ``state``."""
+        ends; finished episodes are counted in ``state`` and kept as ``finished``: ``(t, e,
+        episode)`` in the order they ended."""
         obs, hidden = state["obs"], state["hidden"]
-        for _ in range(self.horizon):
+        self.finished = []
+        for t in range(self.horizon):
             outs = act(self.behaviours, obs, hidden, explore=True)
             res = self.venv.step({g: out.actions for g, out in outs.items()})
             for g in self.learners:
@@ -57,15 +68,11 @@ class Collector:
                     out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
                     res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
                     agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
-            for info in res.infos:
-                if "episode" in info:
-                    state["recent"].append(info["episode"]["return"])
-                    state["episodes"] += 1
-                    if "stats" in info["episode"]:
-                        state["recent_stats"].append(info["episode"]["stats"])
+            self.finished += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
             hidden = advance_hidden(outs, res.episode_end, res.agent_end)
             obs = res.next
         state["obs"], state["hidden"] = obs, hidden
+        count_episodes(state, (episode for _, _, episode in self.finished))
 
     def hand_over(self, state: dict) -> dict[str, Bootstrap]:
         """The learning agents take the rollout just collected; -> per learning group what to value

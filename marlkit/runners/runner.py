@@ -38,6 +38,7 @@ from marlkit.runners.evaluation import EvaluationStopped, mean_stats, run_episod
 from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
+from marlkit.runners.worker_acting import WorkerCollector
 
 
 @dataclass
@@ -328,7 +329,8 @@ class Runner:
         total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
         overlap = rc.overlapped()
-        collector = self.collector = Collector(self.venv, self.agents, learners, rc.horizon, overlap)
+        collecting = WorkerCollector if rc.acts_in_workers() else Collector
+        collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap)
         collector.load_state_dict(state.pop("behaviour", None) or {})
         learner = Learner(self.agents, learners, background=overlap)
         bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,

@@ -1,0 +1,98 @@
+"""Collection with the acting done in the env workers (``runner.act_in_workers``).
+
+Each env worker process runs an :class:`ActingJob` on its own block of envs: acting copies of the
+agents (``Agent.acting_copy``) act on those envs and store their transitions for a whole rollout,
+which comes back in one message, instead of one round trip of actions and observations per step.
+This process then only merges the blocks and updates; with ``runner.overlap`` the workers collect
+the next rollout while it does.
+
+The result is the same, bit for bit, as acting here: every env draws from its own random stream
+(``marlkit/networks/noise.py``) wherever it is acted on, the rollout blocks are joined in env
+order, and finished episodes are counted in the order (step, env) they would have ended in here.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from marlkit.agents.base import Agent
+from marlkit.envs.core import Observation
+from marlkit.runners.collector import Collector, count_episodes
+
+
+class ActingJob:
+    """Runs in an env worker: ``actors`` (acting copies, one per group, for this worker's envs
+    ``first_env ..``) collect one rollout of ``horizon`` steps per ``run``."""
+
+    def __init__(self, actors: dict[str, Agent], learners: list[str], horizon: int, first_env: int):
+        self.actors, self.learners, self.horizon, self.first_env = actors, learners, horizon, first_env
+
+    def install(self, venv) -> None:
+        self.collector = Collector(venv, self.actors, self.learners, self.horizon, overlap=False)
+
+    def run(self, arg: tuple) -> dict:
+        """``arg``: (this block's observation and hidden state to start from, new acting states of
+        the groups that changed) -> the block's rollouts, where its streams stand, its finished
+        episodes ``(t, env, episode)`` and where the rollout ended."""
+        obs, hidden, updates = arg
+        for g, update in updates.items():
+            self.actors[g].load_acting_state(update)
+        for g in self.learners:
+            self.actors[g].buffer.reset()
+        state = {"obs": obs, "hidden": hidden, "recent": [], "recent_stats": [], "episodes": 0}
+        self.collector.collect(state)
+        return {"rollouts": {g: self.actors[g].buffer for g in self.learners},
+                "streams": {g: actor.streams for g, actor in self.actors.items()},
+                "episodes": [(t, self.first_env + e, episode) for t, e, episode in self.collector.finished],
+                "obs": state["obs"], "hidden": state["hidden"]}
+
+
+class WorkerCollector(Collector):
+    """The collector of this process when the env workers act: ``collect`` has every worker
+    collect its block of the rollout and joins the blocks into the behaviours' storage, so that
+    handing over, syncing and checkpoints work as with acting here."""
+
+    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool):
+        super().__init__(venv, agents, learners, horizon, overlap)
+        self.installed = False
+        self.changed: set[str] = set()   # learning groups whose weights the workers have not got yet
+
+    def _install(self) -> None:
+        """Acting copies to the workers, made now: after a resume has restored the behaviours."""
+        self.venv.install_jobs([
+            ActingJob({g: b.acting_copy(first, count) for g, b in self.behaviours.items()}, self.learners,
+                      self.horizon, first)
+            for first, count in self.venv.blocks])
+        self.installed = True
+        self.changed.clear()
+
+    def collect(self, state: dict) -> None:
+        if not self.installed:
+            self._install()
+        obs, hidden = state["obs"], state["hidden"]
+        updates = {g: self.behaviours[g].acting_state() for g in self.changed}
+        self.changed.clear()
+        args = [(obs.rows(first, count), {g: h[first:first + count] if h is not None else None
+                                          for g, h in hidden.items()}, updates)
+                for first, count in self.venv.blocks]
+        replies = self.venv.run_jobs(args, "collecting a rollout")
+        for g in self.learners:
+            self.behaviours[g].buffer.fill_from([r["rollouts"][g] for r in replies])
+        for g, behaviour in self.behaviours.items():
+            for reply in replies:
+                behaviour.streams.absorb(reply["streams"][g])
+        state["obs"] = Observation.join([r["obs"] for r in replies])
+        state["hidden"] = {g: _join([r["hidden"][g] for r in replies]) for g in hidden}
+        self.finished = sorted((e for r in replies for e in r["episodes"]), key=lambda ended: ended[:2])
+        count_episodes(state, (episode for _, _, episode in self.finished))
+
+    def sync(self) -> None:
+        super().sync()
+        self.changed.update(self.learners)
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.installed = False   # the behaviours' streams may have moved: the workers get them anew
+
+
+def _join(blocks: list[np.ndarray | None]) -> np.ndarray | None:
+    return None if blocks[0] is None else np.concatenate(blocks)

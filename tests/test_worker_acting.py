@@ -1,0 +1,165 @@
+"""The env workers acting on their own envs (``runner.act_in_workers``): the same training as acting
+in the runner's process, bit for bit; exact resume across both; the errors of a worker that hangs
+or fails mid-rollout; the settings it refuses."""
+import pickle
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import marlkit
+from conftest import assert_same_training
+from marlkit.config import ConfigError
+from marlkit.envs.core import EnvWorkerError
+from marlkit.envs.vector import _LIVE
+
+WORKERS = {"runner.vectorize": "subprocess", "runner.workers": 2}
+GRU = {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 32}
+
+
+def _pair(agent, env, tiny, seed=3, **settings):
+    """The same run acted on here and in the workers."""
+    common = {**tiny, **WORKERS, **settings}
+    here = marlkit.run(agent=agent, env=env, seed=seed, **{**common, "runner.act_in_workers": False})
+    there = marlkit.run(agent=agent, env=env, seed=seed, **{**common, "runner.act_in_workers": True})
+    return here, there
+
+
+def _weights_equal(a, b, group="agents"):
+    wa = torch.load(a.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    wb = torch.load(b.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "IPPO", "COMA"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_acting_in_the_workers_trains_as_acting_here(tiny, agent, overlap):
+    here, there = _pair(agent, "mpe_spread", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
+                                                      "runner.total_steps": 400, "runner.overlap": overlap})
+    assert here.episode_returns and here.steps == there.steps == 400
+    assert_same_training(here, there)
+    _weights_equal(here, there)
+
+
+def test_recurrent_agents_with_dying_agents_and_truncation_act_alike_in_the_workers(tiny, env_yaml):
+    """A GRU actor and critic on the scripted env (agents die and appear mid-episode, episodes are cut
+    by a time limit): hidden states, masks and truncation finals come back from the workers as they
+    are made here; 5 envs over 2 workers make blocks of unequal size. The draws, actions and
+    episodes are the same; log-probs and values only to float rounding (about 1e-7): torch's kernels
+    round the last bit of a GRU's batch of 15 rows differently from batches of 9 and 6."""
+    path = env_yaml("toy_envs:scripted", {"length": 7}, env={"max_episode_steps": 5})
+    here, there = _pair("MAPPO", path, tiny, **{
+        "runner.parallels": 5, "runner.horizon": 10, "runner.total_steps": 100, "agents.MAPPO.actor": GRU,
+        "agents.MAPPO.critic": GRU, "agents.MAPPO.chunk_length": 5, "agents.MAPPO.critic_input": "state"})
+    assert here.episode_returns and here.steps == there.steps == 100
+    assert here.episode_returns == there.episode_returns
+    for key, value in here.metrics.items():
+        if not key.startswith("perf/"):
+            assert there.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    wa = torch.load(here.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    wb = torch.load(there.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_group_that_does_not_learn_acts_in_the_workers_too(tiny):
+    """mpe_tag with a random policy for the fleeing agent: both groups act in the workers, the
+    adversaries learn, and the run is the one acted here."""
+    here, there = _pair("MAPPO", "mpe_tag", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
+                                                     "runner.total_steps": 300, "groups.agent.agent": "random"})
+    assert_same_training(here, there, group="adversary")
+    _weights_equal(here, there, group="adversary")
+
+
+def test_a_run_resumes_exactly_from_workers_acting_to_this_process_acting_and_back(tiny):
+    """Saved with the workers acting (and the next rollout in flight), resumed with this process
+    acting, then with 3 workers acting: the run ends where an uninterrupted one does."""
+    common = {**tiny, **WORKERS, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300}
+    full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 900})
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 300})
+    state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["pending"] and state["behaviour"]["agents"]["buffer"].full
+    marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.act_in_workers": False})
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 900, "runner.workers": 3})
+    assert resumed.steps == 900
+    assert_same_training(full, resumed)
+    _weights_equal(full, resumed)
+
+
+def test_a_worker_whose_env_hangs_mid_rollout_is_an_error_within_the_timeout(tiny, env_yaml):
+    path = env_yaml("toy_envs:crashing", {"mode": "hang", "at": 7})
+    start = time.monotonic()
+    with pytest.raises(EnvWorkerError, match=r"env \d \(worker of envs \d-\d, pid \d+\) did not answer within 2 s "
+                                             r"while collecting a rollout \(runner.worker_timeout\)"):
+        marlkit.run(agent="MAPPO", env=path, **{**tiny, **WORKERS, "runner.parallels": 4,
+                                                "runner.worker_timeout": 2, "runner.total_steps": 400})
+    assert time.monotonic() - start < 20
+    assert not [v for v in _LIVE if not v.closed]
+
+
+def test_a_slow_rollout_that_keeps_stepping_is_not_a_timeout(tiny, env_yaml):
+    """The timeout is per env step, not per rollout: 20 steps of 0.15 s each take 3 s against a
+    timeout of 1 s."""
+    path = env_yaml("toy_envs:slow", {"seconds": 0.15, "length": 50})
+    run = marlkit.run(agent="MAPPO", env=path, **{**tiny, **WORKERS, "runner.parallels": 2, "runner.horizon": 20,
+                                                  "runner.worker_timeout": 1, "runner.total_steps": 40})
+    assert run.steps == 40
+
+
+def test_an_env_error_in_a_worker_names_the_env(tiny, env_yaml):
+    path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 4})
+    with pytest.raises(EnvWorkerError, match=r"env \d raised while collecting a rollout: EnvAPIError: .*agent_1"):
+        marlkit.run(agent="MAPPO", env=path, **{**tiny, **WORKERS, "runner.parallels": 4, "runner.total_steps": 400})
+
+
+def test_acting_in_workers_without_worker_processes_is_refused_naming_the_fix(tiny):
+    with pytest.raises(ConfigError, match=r"runner.act_in_workers: true needs env worker processes.*"
+                                          r"runner.vectorize: sync.*set runner.vectorize: subprocess, or "
+                                          r"runner.act_in_workers: false"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "sync",
+                                                         "runner.act_in_workers": True})
+    from marlkit.config import RunnerConfig
+    assert RunnerConfig(vectorize="subprocess").acts_in_workers()
+    assert RunnerConfig(vectorize="auto", parallels=4).acts_in_workers()
+    assert not RunnerConfig(vectorize="auto", parallels=1).acts_in_workers()
+    assert not RunnerConfig(vectorize="ray").acts_in_workers()
+    assert not RunnerConfig(vectorize="subprocess", act_in_workers=False).acts_in_workers()
+
+
+def test_rollout_blocks_join_in_env_order():
+    from marlkit.buffers import RolloutBuffer, Transition
+    whole = RolloutBuffer(2, 5, 2, (3,), np.float32, (4,), (), np.int64, 4)
+    parts = [whole.for_envs(2), whole.for_envs(3)]
+    rng = np.random.default_rng(0)
+    steps = []
+    for t in range(2):
+        E = 5
+        tr = Transition(rng.normal(size=(E, 2, 3)).astype(np.float32), rng.normal(size=(E, 4)).astype(np.float32),
+                        rng.random((E, 2)) < 0.8, rng.random((E, 2, 4)) < 0.9, rng.integers(0, 4, (E, 2)),
+                        rng.normal(size=(E, 2)).astype(np.float32), None, rng.normal(size=(E, 2)).astype(np.float32),
+                        np.zeros((E, 2), bool), rng.random((E, 2)) < 0.3, rng.random(E) < 0.3,
+                        rng.normal(size=(E, 2, 3)).astype(np.float32), rng.normal(size=(E, 4)).astype(np.float32),
+                        extras={"onehot": rng.random((E, 2, 4)).astype(np.float32)})
+        steps.append(tr)
+        whole.add(tr)
+        for part, rows in zip(parts, (slice(0, 2), slice(2, 5))):
+            part.add(Transition(*[getattr(tr, f)[rows] if isinstance(getattr(tr, f), np.ndarray) else getattr(tr, f)
+                                  for f in ("obs", "state", "agent_mask", "action_mask", "actions", "log_prob",
+                                            "value", "reward", "terminated", "truncated", "episode_end",
+                                            "final_obs", "final_state")],
+                                extras={"onehot": tr.extras["onehot"][rows]}))
+    joined = whole.for_envs(5)
+    joined.fill_from(parts)
+    assert joined.full and whole.finals
+    for name, value in vars(whole).items():
+        if isinstance(value, np.ndarray):
+            assert np.array_equal(getattr(joined, name), value), name
+    assert np.array_equal(joined.extras["onehot"], whole.extras["onehot"])
+    assert [(t, e) for t, e, *_ in joined.finals] == [(t, e) for t, e, *_ in whole.finals]
+    for a, b in zip(joined.finals, whole.finals):
+        assert all(np.array_equal(x, y) for x, y in zip(a[2:4], b[2:4]))
+    with pytest.raises(ValueError, match="do not make one of 5 envs"):
+        joined.fill_from(parts[:1])
