@@ -223,7 +223,8 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
     train on chunks of L consecutive steps of one env, starting from the stored hidden state.
     The agent dimension is kept, so a sample holds all agents of one env step together. Each
     minibatch is gathered straight from the ``[T, E, ...]`` arrays: nothing but the minibatch
-    itself is copied, and every sample appears in exactly one minibatch per call.
+    itself is copied, and every sample appears in exactly one minibatch per call. A single
+    minibatch of single steps is the rollout as it is, unshuffled and uncopied.
     """
     first = next(iter(data.values()))
     T, E = first.shape[:2]
@@ -234,6 +235,11 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
     # indexing time and env as two dimensions (13x13x5 images, 48 agents), with the same result
     rows = {k: torch.from_numpy(v).reshape(T * E, *v.shape[2:]) for k, v in data.items()}
     n = (T // L) * E
+    if num_minibatches == 1 and L == 1:
+        # one minibatch of every step: its order changes nothing but the float summation order,
+        # so it is the rollout itself, [1, T * E, ...] views, with no shuffle and no copy
+        yield {k: v.unsqueeze(0) for k, v in rows.items()}
+        return
     order = rng.permutation(n)
     steps = np.arange(L)[:, None]
     for idx in np.array_split(order, min(num_minibatches, n)):

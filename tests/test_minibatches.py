@@ -25,3 +25,15 @@ def test_every_sample_lands_in_exactly_one_minibatch_with_its_own_rows(num_minib
         assert torch.equal(b["obs"][..., 0, 0], b["step"])
         assert (torch.diff(b["step"], dim=0) == 4).all()
 
+
+
+def test_one_minibatch_of_single_steps_is_the_rollout_itself():
+    """Its order would change only the float summation order of the gradient, so it is neither
+    shuffled nor copied."""
+    data = _rollout()
+    rng = np.random.default_rng(1)
+    [batch] = minibatches(data, 1, 1, rng)
+    assert torch.equal(batch["step"], torch.arange(24, dtype=torch.float32).reshape(1, 24))
+    assert batch["obs"].shape == (1, 24, 3, 2)
+    assert all(batch[k].data_ptr() == data[k].ctypes.data for k in data)
+    assert rng.bit_generator.state == np.random.default_rng(1).bit_generator.state   # nothing drawn

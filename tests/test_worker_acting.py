@@ -163,3 +163,14 @@ def test_rollout_blocks_join_in_env_order():
         assert all(np.array_equal(x, y) for x, y in zip(a[2:4], b[2:4]))
     with pytest.raises(ValueError, match="do not make one of 5 envs"):
         joined.fill_from(parts[:1])
+
+
+def test_a_run_leaves_no_thread_behind_so_the_next_one_forks_its_workers(tiny):
+    """Workers are forked only where no other thread runs (``runner.start_method: auto``); a thread
+    left by a run (tqdm's monitor of the progress bar) would make every later run in the process
+    spawn its workers instead, each importing torch again."""
+    import threading
+    for progress in (True, False):
+        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, **WORKERS, "runner.progress": progress,
+                                                         "runner.total_steps": 40})
+        assert threading.active_count() == 1, threading.enumerate()

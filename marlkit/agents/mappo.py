@@ -240,7 +240,10 @@ class MAPPO(OnPolicyAgent):
         return features
 
     def _ids(self, L: int, B: int, device) -> torch.Tensor:
-        return torch.eye(self.n_agents, dtype=torch.float32, device=device).expand(L, B, -1, -1)
+        eye = getattr(self, "_eye", None)   # made once: an eye per call is a twentieth of acting
+        if eye is None or eye.device != torch.device(device):
+            eye = self._eye = torch.eye(self.n_agents, dtype=torch.float32, device=device)
+        return eye.expand(L, B, -1, -1)
 
     def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
         features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start, present=agent_mask)

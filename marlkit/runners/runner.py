@@ -52,6 +52,14 @@ class RunResult:
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
 
 
+class ProgressBar(tqdm):
+    """tqdm without its monitor thread, which would outlive the run: env workers are forked only
+    in a process with no other thread (``runner.start_method: auto``), so a second run in the same
+    process would spawn them."""
+
+    monitor_interval = 0
+
+
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
     base = Path(cfg.runner.run_root) / Path(cfg.env_name).stem / cfg.agent
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -333,7 +341,7 @@ class Runner:
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap)
         collector.load_state_dict(state.pop("behaviour", None) or {})
         learner = Learner(self.agents, learners, background=overlap)
-        bar = tqdm(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
+        bar = ProgressBar(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
                    dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         clock = {"t": time.perf_counter(), "steps": state["steps"]}   # of the last log line
         # env steps this process stepped: an overlapped run also holds the rollout past its last update

@@ -13,6 +13,7 @@ order, and finished episodes are counted in the order (step, env) they would hav
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from marlkit.agents.base import Agent
 from marlkit.envs.core import Observation
@@ -25,8 +26,12 @@ class ActingJob:
 
     def __init__(self, actors: dict[str, Agent], learners: list[str], horizon: int, first_env: int):
         self.actors, self.learners, self.horizon, self.first_env = actors, learners, horizon, first_env
+        self.threads = torch.get_num_threads()   # runner.torch_threads, as the runner's process has it
 
     def install(self, venv) -> None:
+        # a spawned worker's torch would start with a thread per core, and the workers and the
+        # learner would fight over the cores (acting took 4x as long)
+        torch.set_num_threads(self.threads)
         self.collector = Collector(venv, self.actors, self.learners, self.horizon, overlap=False)
 
     def run(self, arg: tuple) -> dict:
@@ -35,7 +40,7 @@ class ActingJob:
         episodes ``(t, env, episode)`` and where the rollout ended."""
         obs, hidden, updates = arg
         for g, update in updates.items():
-            self.actors[g].load_acting_state(update)
+            self.actors[g].load_acting_state(_unpacked(update))
         for g in self.learners:
             self.actors[g].buffer.reset()
         state = {"obs": obs, "hidden": hidden, "recent": [], "recent_stats": [], "episodes": 0}
@@ -69,7 +74,7 @@ class WorkerCollector(Collector):
         if not self.installed:
             self._install()
         obs, hidden = state["obs"], state["hidden"]
-        updates = {g: self.behaviours[g].acting_state() for g in self.changed}
+        updates = {g: _packed(self.behaviours[g].acting_state()) for g in self.changed}
         self.changed.clear()
         args = [(obs.rows(first, count), {g: h[first:first + count] if h is not None else None
                                           for g, h in hidden.items()}, updates)
@@ -96,3 +101,33 @@ class WorkerCollector(Collector):
 
 def _join(blocks: list[np.ndarray | None]) -> np.ndarray | None:
     return None if blocks[0] is None else np.concatenate(blocks)
+
+
+class _TensorData:
+    """A tensor's values as a numpy array: a small tensor pickles through torch's own serialiser
+    (an acting state of 27 tensors: 3.4 ms to pickle and 4.7 ms to unpickle, against 0.1 and 0.15
+    ms as arrays), once per worker and update."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.array = tensor.detach().cpu().numpy()
+
+
+def _packed(tree):
+    """``tree`` (an acting state: tensors in dicts and lists) with its tensors as ``_TensorData``."""
+    if isinstance(tree, torch.Tensor):
+        return _TensorData(tree)
+    if isinstance(tree, dict):
+        return type(tree)((k, _packed(v)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_packed(v) for v in tree)
+    return tree
+
+
+def _unpacked(tree):
+    if isinstance(tree, _TensorData):
+        return torch.from_numpy(tree.array)
+    if isinstance(tree, dict):
+        return type(tree)((k, _unpacked(v)) for k, v in tree.items())
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_unpacked(v) for v in tree)
+    return tree
