@@ -169,8 +169,8 @@ class Agent:
         """The inverse of ``acting_state``, on an acting copy."""
 
     def behaviour_state(self, behaviour: "Agent") -> dict | None:
-        """What a checkpoint needs of ``behaviour`` besides this agent's own state: its generators and
-        the rollout it holds (an overlapped run saves with the next rollout collected)."""
+        """What a checkpoint needs of ``behaviour`` besides this agent's own state: where its streams
+        stand and the rollout it holds (an overlapped run saves with the next rollout collected)."""
         return None
 
     def load_behaviour_state(self, behaviour: "Agent", state: dict | None) -> None:

@@ -1,10 +1,11 @@
 """Vector envs: E copies of a :class:`MultiAgentEnv`, batched to ``[E, A_g, ...]``, with auto-reset.
 
 ``SyncVectorEnv`` steps them in this process; ``SubprocVectorEnv`` spreads them over worker
-processes that exchange arrays through shared memory. Workers are not daemonic, because game envs
-(ViZDoom, Unity) start processes of their own, so they are stopped explicitly: on ``close()``, on
-an error, at interpreter exit, and by themselves when the parent disappears (their command pipe
-reaches EOF). A worker that dies or stops answering becomes an :class:`EnvWorkerError` naming
+processes that exchange arrays through shared memory, or run a job given to them on their own
+envs for many steps at a time (the runner's acting, ``runner.act_in_workers``). Workers are not
+daemonic, because game envs (ViZDoom, Unity) start processes of their own, so they are stopped
+explicitly: on ``close()``, on an error, at interpreter exit, and by themselves when the parent
+disappears (their command pipe reaches EOF). A worker that dies or stops answering becomes an :class:`EnvWorkerError` naming
 the env it was busy with, within ``timeout`` seconds (``start_timeout`` while the envs are built).
 """
 from __future__ import annotations
@@ -200,13 +201,14 @@ class EpisodeStats:
             self.seen[g] |= acting_mask[g]
             self.agent_length[g] += 1
 
+    PER_GROUP = ("returns", "seen", "agent_length")   # accumulators kept per group, [E, A_g] each
+
     def rows(self, first: int, count: int) -> "EpisodeStats":
         """The accumulators of envs ``first .. first + count - 1`` (copies), for a worker of those envs."""
         part = slice(first, first + count)
         block = copy.copy(self)
-        block.returns = {g: v[part].copy() for g, v in self.returns.items()}
-        block.seen = {g: v[part].copy() for g, v in self.seen.items()}
-        block.agent_length = {g: v[part].copy() for g, v in self.agent_length.items()}
+        for name in self.PER_GROUP:
+            setattr(block, name, {g: v[part].copy() for g, v in getattr(self, name).items()})
         block.length = self.length[part].copy()
         return block
 
@@ -214,7 +216,7 @@ class EpisodeStats:
     def join(parts: list["EpisodeStats"]) -> "EpisodeStats":
         """The accumulators of consecutive blocks of envs, in env order, as one."""
         whole = copy.copy(parts[0])
-        for name in ("returns", "seen", "agent_length"):
+        for name in EpisodeStats.PER_GROUP:
             setattr(whole, name, {g: np.concatenate([getattr(p, name)[g] for p in parts])
                                   for g in getattr(parts[0], name)})
         whole.length = np.concatenate([p.length for p in parts])

@@ -6,9 +6,11 @@ which comes back in one message, instead of one round trip of actions and observ
 This process then only merges the blocks and updates; with ``runner.overlap`` the workers collect
 the next rollout while it does.
 
-The result is the same, bit for bit, as acting here: every env draws from its own random stream
+The result is the one acting here gives: every env draws from its own random stream
 (``marlkit/networks/noise.py``) wherever it is acted on, the rollout blocks are joined in env
 order, and finished episodes are counted in the order (step, env) they would have ended in here.
+It is the same bit for bit where torch rounds a worker's smaller batches as it rounds the whole
+one (docs/envs.md says where it does not).
 """
 from __future__ import annotations
 
