@@ -133,13 +133,16 @@ class RunnerConfig:
         """Whether collection overlaps the update (``overlap``, null resolved)."""
         return self.envs_in_workers() if self.overlap is None else self.overlap
 
+    def envs_in_processes(self) -> bool:
+        """Whether the training envs step in worker processes of this machine."""
+        return self.envs_in_workers() and self.vectorize != "ray"
+
     def acts_in_workers(self) -> bool:
         """Whether the env workers act on their own envs (``act_in_workers``, null resolved)."""
-        in_processes = self.envs_in_workers() and self.vectorize != "ray"
-        return in_processes if self.act_in_workers is None else self.act_in_workers
+        return self.envs_in_processes() if self.act_in_workers is None else self.act_in_workers
 
     def check(self) -> None:
-        if self.act_in_workers and not (self.envs_in_workers() and self.vectorize != "ray"):
+        if self.act_in_workers and not self.envs_in_processes():
             raise ConfigError(
                 f"runner.act_in_workers: true needs env worker processes of this machine, but runner.vectorize: "
                 f"{self.vectorize} with runner.parallels: {self.parallels} "
