@@ -1,3 +1,3 @@
-from marlkit.cli import main
+from marlkit.cli import command
 
-raise SystemExit(main())
+raise SystemExit(command())

@@ -107,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, overrides=overrides)
         result = run_config(cfg)
         print(f"run directory: {result.run_dir}")
-        if argv is None:   # the program's own run, over and its files closed: the interpreter's last
-            gc.freeze()    # garbage collection would walk every object torch made (0.3 s) for nothing
     except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
         print(f"marlkit: error: {exc}", file=sys.stderr)
         return 2
@@ -124,3 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         print("marlkit: interrupted before the run started; nothing was saved", file=sys.stderr)
         return 130
     return 0
+
+
+def command() -> int:
+    """The ``marlkit`` program (and ``python -m marlkit``): ``main`` on the command line, then exit."""
+    code = main()
+    # the program is over and its files are closed: the interpreter's last garbage collection
+    # would walk every object torch made (0.3 s) for nothing
+    gc.freeze()
+    return code

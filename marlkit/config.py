@@ -85,6 +85,11 @@ class EnvConfig:
     exact_resume: bool = False
 
 
+def on_cpu(device: str) -> bool:
+    """Whether a ``device`` setting (``cpu``, ``cuda:1``, ...) names the CPU."""
+    return str(device).split(":")[0] == "cpu"
+
+
 @dataclass
 class RunnerConfig:
     parallels: int = field(default=16, metadata=_range(1))
@@ -122,7 +127,7 @@ class RunnerConfig:
     overlap: Optional[bool] = None
     # the env worker processes act on their own envs and send whole rollouts (no round trip per
     # step; the same results); null: on where they are processes of this machine (vectorize
-    # subprocess, or auto with two envs or more)
+    # subprocess, or auto with two envs or more) and the agents compute on the CPU
     act_in_workers: Optional[bool] = None
 
     def envs_in_workers(self) -> bool:
@@ -137,11 +142,19 @@ class RunnerConfig:
         """Whether the training envs step in worker processes of this machine."""
         return self.envs_in_workers() and self.vectorize != "ray"
 
-    def acts_in_workers(self) -> bool:
-        """Whether the env workers act on their own envs (``act_in_workers``, null resolved)."""
-        return self.envs_in_processes() if self.act_in_workers is None else self.act_in_workers
+    def acts_in_workers(self, device: str) -> bool:
+        """Whether the env workers act on their own envs (``act_in_workers``, null resolved) when the
+        agents compute on ``device``."""
+        if self.act_in_workers is None:
+            return self.envs_in_processes() and on_cpu(device)
+        return self.act_in_workers
 
-    def check(self) -> None:
+    def check(self, device: str) -> None:
+        if self.act_in_workers and not on_cpu(device):
+            raise ConfigError(
+                f"runner.act_in_workers: true puts a copy of the agents in every env worker, but with device: "
+                f"{device} each worker would set that device up for itself (a forked one cannot set CUDA up at "
+                "all); set runner.act_in_workers: false (the default off the CPU), or device: cpu")
         if self.act_in_workers and not self.envs_in_processes():
             raise ConfigError(
                 f"runner.act_in_workers: true needs env worker processes of this machine, but runner.vectorize: "
@@ -472,7 +485,7 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
     if not isinstance(agents_section, dict):
         raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
     cfg = build(RunConfig, data)
-    cfg.runner.check()
+    cfg.runner.check(cfg.device)
     if cfg.render and cfg.mode != "test":
         raise ConfigError("--render records the test episodes of a checkpoint, one video each: use it with "
                           "--test --load CKPT (training and --benchmark record no video)")

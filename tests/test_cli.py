@@ -138,3 +138,18 @@ def test_repeated_set_flags_are_all_applied(tmp_path):
     [run] = only_run_dir(root)
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["runner"]["total_steps"] == 50 and saved["runner"]["parallels"] == 2
+
+
+def test_main_run_from_python_leaves_the_garbage_collector_as_it_was(tmp_path, monkeypatch):
+    """The ``marlkit`` program freezes the garbage collector as it exits (``cli.command``: the last
+    collection would walk torch's objects for nothing); ``main`` run by a longer-lived process on
+    its own command line does not."""
+    import gc
+
+    from marlkit.cli import main
+    monkeypatch.setattr(sys, "argv", ["marlkit", "--env", "mpe_spread", "--logger", "none", "--set",
+                                      f"runner.run_root={tmp_path}", "runner.total_steps=50",
+                                      "runner.vectorize=sync", *TINY])
+    before = gc.get_freeze_count()
+    assert main() == 0
+    assert gc.get_freeze_count() == before

@@ -56,3 +56,34 @@ def test_a_resumed_benchmark_keeps_its_baseline(tiny, monkeypatch):
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 80})
     assert calls == [] and resumed.baseline == half.baseline
     assert json.loads((half.run_dir / "benchmark.json").read_text())["baseline"] == half.baseline
+
+
+def test_the_random_baseline_does_not_replay_an_untrained_policys_moves():
+    """On the same streams, Gumbel-max over an untrained policy's near-uniform logits and the random
+    policy's argmax over uniforms pick the same actions; evaluated from the policy's seed, the
+    random policy draws from streams offset from it (``RandomAgent.STREAM_OFFSET``)."""
+    import numpy as np
+
+    from marlkit.agents.base import Agent
+    from marlkit.api import build_config
+    from marlkit.envs.pettingzoo import PettingZooEnv
+    from marlkit.registry import get_agent
+    from mpe2 import simple_spread_v3
+
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    group, E = env.groups["agents"], 64
+    cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
+    policy = get_agent("MAPPO")(group, env.spec.state_shape, cfg, num_envs=E, horizon=25)
+    random = get_agent("random")(group, env.spec.state_shape, get_agent("random").config_cls(), E, 25)
+    rng = np.random.default_rng(0)
+    obs = rng.standard_normal((E, 3, 18)).astype(np.float32)
+    state = obs.reshape(E, -1)
+    present, allowed = np.ones((E, 3), bool), np.ones((E, 3, 5), bool)
+
+    def actions(agent, own_generators, seed=777):
+        with own_generators(agent, seed):
+            return agent.act(obs, state, present, allowed, None).actions
+
+    moves = actions(policy, Agent.own_generators)
+    assert (moves == actions(random, Agent.own_generators)).mean() > 0.9     # the coincidence
+    assert (moves == actions(random, type(random).own_generators)).mean() < 0.5

@@ -81,6 +81,14 @@ def test_a_state_of_other_group_sizes_is_refused():
         Adam([{"params": list(model.parameters()), "lr": 1e-3}]).load_state_dict(Adam(_groups(model)).state_dict())
 
 
+@pytest.mark.parametrize("key,value", [("weight_decay", 0.01), ("amsgrad", True), ("maximize", True)])
+def test_a_setting_it_does_not_implement_is_refused(key, value):
+    groups = _groups(_model(4))
+    groups[1][key] = value
+    with pytest.raises(ValueError, match=rf"parameter group 1: {key}={value!r} is not supported by marlkit's Adam"):
+        Adam(groups)
+
+
 def test_no_compiler_import():
     code = ("import sys, torch; from marlkit.optim import Adam, clip_grad_norm\n"
             "m = torch.nn.Linear(3, 1); o = Adam([{'params': m.parameters(), 'lr': 1e-3}])\n"

@@ -50,6 +50,34 @@ def test_sync_and_subprocess_give_identical_trajectories():
         np.testing.assert_array_equal(x, y)
 
 
+def test_jobs_go_on_from_a_restored_state_where_they_were_saved():
+    """The workers' own vector envs keep the episode accumulators while they host jobs: a saved
+    state holds them, and restoring it puts them back in the workers, beside the envs."""
+    from toy_envs import TrajectoryJob
+    builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:scripted", kwargs={"length": 7}, exact_resume=True))
+    venv = SubprocVectorEnv([functools.partial(builder, i) for i in range(5)], num_workers=2, timeout=30)
+    try:
+        venv.reset(seed=3)
+        venv.install_jobs([TrajectoryJob() for _ in venv.blocks])
+        venv.run_jobs([4, 4], "stepping")            # every episode is 4 steps in: returns accumulated
+        saved = venv.get_state()
+        first = venv.run_jobs([10, 10], "stepping")
+        venv.set_state(saved)
+        again = venv.run_jobs([10, 10], "stepping")
+    finally:
+        venv.close()
+    episodes = [x for block in first for x in block if isinstance(x, tuple)]
+    assert len(episodes) >= 5 and all(e["length"] == 7 for _, _, e in episodes)
+    assert len(first) == len(again) == 2
+    for a, b in zip(first, again):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            if isinstance(x, tuple):
+                assert x == y
+            else:
+                np.testing.assert_array_equal(x, y)
+
+
 def test_auto_vectorize_uses_a_worker_per_env_from_two_envs_on():
     from marlkit.envs.vector import make_vector_env
     builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:scripted", kwargs={"length": 7}))

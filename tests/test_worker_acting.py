@@ -2,6 +2,8 @@
 in the runner's process, bit for bit; exact resume across both; the errors of a worker that hangs
 or fails mid-rollout; the settings it refuses."""
 import pickle
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -122,11 +124,50 @@ def test_acting_in_workers_without_worker_processes_is_refused_naming_the_fix(ti
         marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "sync",
                                                          "runner.act_in_workers": True})
     from marlkit.config import RunnerConfig
-    assert RunnerConfig(vectorize="subprocess").acts_in_workers()
-    assert RunnerConfig(vectorize="auto", parallels=4).acts_in_workers()
-    assert not RunnerConfig(vectorize="auto", parallels=1).acts_in_workers()
-    assert not RunnerConfig(vectorize="ray").acts_in_workers()
-    assert not RunnerConfig(vectorize="subprocess", act_in_workers=False).acts_in_workers()
+    assert RunnerConfig(vectorize="subprocess").acts_in_workers("cpu")
+    assert RunnerConfig(vectorize="auto", parallels=4).acts_in_workers("cpu")
+    assert not RunnerConfig(vectorize="auto", parallels=1).acts_in_workers("cpu")
+    assert not RunnerConfig(vectorize="ray").acts_in_workers("cpu")
+    assert not RunnerConfig(vectorize="subprocess", act_in_workers=False).acts_in_workers("cpu")
+    # off the CPU the runner acts: a copy of the agents per worker would set the device up per worker
+    assert not RunnerConfig(vectorize="subprocess").acts_in_workers("cuda:0")
+
+
+def test_acting_in_workers_off_the_cpu_is_refused_at_config_time_naming_the_fix():
+    """Checked where the config is read, so a machine without a GPU checks it too."""
+    from marlkit.api import build_config
+    with pytest.raises(ConfigError, match=r"runner.act_in_workers: true puts a copy of the agents in every env "
+                                          r"worker, but with device: cuda .*set runner.act_in_workers: false "
+                                          r"\(the default off the CPU\), or device: cpu"):
+        build_config("MAPPO", "mpe_spread", device="cuda", **{"runner.act_in_workers": True})
+    assert build_config("MAPPO", "mpe_spread", device="cuda").runner.act_in_workers is None
+
+
+START_METHOD = """
+import sys, threading, time
+import torch
+from marlkit.envs.vector import resolve_start_method
+torch.set_num_threads(1)
+print(resolve_start_method("auto"), resolve_start_method("spawn"))
+torch.set_num_threads(2)
+print(resolve_start_method("auto"))
+torch.set_num_threads(1)
+waiting = threading.Thread(target=time.sleep, args=(2,))
+waiting.start()
+print(resolve_start_method("auto"))
+waiting.join()
+print(resolve_start_method("auto"))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux alone")
+def test_auto_start_method_forks_only_a_single_threaded_process():
+    """``auto`` forks where nothing runs that a forked child would lack: no other Python thread, and
+    torch on one thread (its OpenMP pool would not exist in the child). In a fresh interpreter, so
+    that no thread of another test counts."""
+    out = subprocess.run([sys.executable, "-c", START_METHOD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["fork", "spawn", "spawn", "spawn", "fork"]
 
 
 def test_rollout_blocks_join_in_env_order():

@@ -371,3 +371,20 @@ class FieldsEnv(MultiAgentEnv):
         ob = self._observation()
         ob.final = final
         return ob, {"agents": reward}, {"agents": terminated}, {"agents": truncated}, False
+
+
+class TrajectoryJob:
+    """A job for ``SubprocVectorEnv.install_jobs``: ``run(steps)`` steps the worker's envs with
+    actions fixed by the step and env index -> the observations, rewards and finished episodes."""
+
+    def install(self, venv) -> None:
+        self.venv = venv
+
+    def run(self, steps: int) -> list:
+        out = []
+        for t in range(steps):
+            actions = (np.arange(self.venv.num_envs)[:, None] + t + np.arange(3)) % 3
+            res = self.venv.step({"agents": actions})
+            out += [res.next.obs["agents"].copy(), res.reward["agents"].copy()]
+            out += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
+        return out

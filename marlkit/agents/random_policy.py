@@ -20,6 +20,14 @@ class RandomConfig:
 class RandomAgent(Agent):
     config_cls = RandomConfig
     learns = False
+    # An untrained policy (near-uniform logits, sampled by Gumbel-max) picks from a stream the very
+    # actions that the argmax of this policy's uniforms picks from it: as the baseline, evaluated
+    # from the seeds the policy is evaluated from, it would replay the policy's moves. Evaluation
+    # streams are drawn this far from the seed given.
+    STREAM_OFFSET = 1_000_003
+
+    def own_generators(self, seed: int):
+        return super().own_generators(seed + self.STREAM_OFFSET)
 
     def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
         space, (E, A) = self.group.action_space, agent_mask.shape

@@ -310,18 +310,27 @@ class VectorEnv:
         """Every env (one blob each, in env order) and the episode accumulators, for an exact
         resume; None when an env cannot be pickled. The same format for every vector env, so a
         run may resume with another vectorisation or worker count."""
-        envs = self._env_states()
+        envs, stats, acting = self._saved()
         if any(blob is None for blob in envs):
             return None
-        return pickle.dumps({"envs": envs, "stats": self.stats, "acting": self._acting})
+        return pickle.dumps({"envs": envs, "stats": stats, "acting": acting})
 
     def set_state(self, blob: bytes) -> None:
         state = pickle.loads(blob)
         if len(state["envs"]) != self.num_envs:
             raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has {self.num_envs}; "
                              "resume with the same runner.parallels")
-        self.stats, self._acting = state["stats"], state["acting"]
-        self._load_env_states(state["envs"])
+        self._restore(state["envs"], state["stats"], state["acting"])
+
+    def _saved(self) -> tuple[list[bytes | None], EpisodeStats, dict[str, np.ndarray]]:
+        """-> every env's state blob, in env order, and the episode accumulators (``stats``, and
+        per group which agents acted in each env's episode so far)."""
+        return self._env_states(), self.stats, self._acting
+
+    def _restore(self, blobs: list[bytes], stats: EpisodeStats, acting: dict[str, np.ndarray]) -> None:
+        """The inverse of ``_saved``."""
+        self.stats, self._acting = stats, acting
+        self._load_env_states(blobs)
 
     def _env_states(self) -> list[bytes | None]:
         raise NotImplementedError
@@ -435,16 +444,17 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
-def _worker(conn, env_fns: list, indices: list[int], busy, ticks, inherited: list[int]) -> None:
+def _worker(conn, env_fns: list, indices: list[int], busy, ticks, inherited: list) -> None:
     # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
     # SIGTERM (the parent's terminate(), or a kill of the process group) unwinds, so that the envs
     # below are closed and the game processes they started go with them.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     # a forked worker holds copies of the parent's ends of its own pipe and its elder siblings':
-    # closed, so that each pipe reaches EOF here when the parent is gone
-    for fd in inherited:
-        os.close(fd)
+    # closed, so that each pipe reaches EOF here when the parent is gone (closed through their
+    # Connection objects, which then cannot close a later file that reuses the number)
+    for parent_end in inherited:
+        parent_end.close()
     envs: list = []
     arrays = None
     hosted = job = None   # the worker's envs as a vector env of their own, and the job run on them
@@ -572,7 +582,7 @@ class SubprocVectorEnv(VectorEnv):
                 busy, ticks = ctx.RawValue("i", -1), ctx.RawValue("Q", 0)
                 self.busy.append(busy)
                 self.ticks.append(ticks)
-                inherited = [c.fileno() for c in self.conns + [parent]] if start_method == "fork" else []
+                inherited = self.conns + [parent] if start_method == "fork" else []
                 proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy, ticks, inherited),
                                    daemon=False, name=f"marlkit-env-{idx[0]}-{idx[-1]}")
                 proc.start()
@@ -684,9 +694,8 @@ class SubprocVectorEnv(VectorEnv):
         its envs in the worker: ``job.install(venv)`` once, with the worker's envs as a vector env of
         its own (which keeps their episode accumulators from now on), then ``job.run(arg)`` per
         ``run_jobs``. The envs layer knows nothing of what a job does."""
-        self._broadcast("install", per_worker=[
-            (job, self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()})
-            for job, (first, count) in zip(jobs, self.blocks)])
+        self._broadcast("install", per_worker=[(job, *self._accumulator_rows(first, count))
+                                               for job, (first, count) in zip(jobs, self.blocks)])
         # a spawned worker imports what the jobs need (torch) as it unpickles them: start-up time
         self._gather(range(len(self.conns)), "installing a job", self.start_timeout)
         self.hosts_jobs = True
@@ -697,24 +706,29 @@ class SubprocVectorEnv(VectorEnv):
         self._broadcast("run", per_worker=args)
         return self._gather(range(len(self.conns)), what, progress=True)
 
-    def _env_states(self) -> list[bytes | None]:
+    def _saved(self):
         self._broadcast("get_state")
         per_worker = self._gather(range(len(self.conns)), "saving env state")
         blobs: list[bytes | None] = [None] * self.num_envs
         for idx, (worker_blobs, _) in zip(self.indices, per_worker):
             for i, blob in zip(idx, worker_blobs):
                 blobs[i] = blob
-        if self.hosts_jobs:   # the workers' own vector envs keep the episode accumulators
-            self.stats = EpisodeStats.join([local[0] for _, local in per_worker])
-            self._acting = {g: np.concatenate([local[1][g] for _, local in per_worker]) for g in self._acting}
-        return blobs
+        if not self.hosts_jobs:
+            return blobs, self.stats, self._acting
+        # the workers' own vector envs keep the episode accumulators while they host jobs
+        return (blobs, EpisodeStats.join([local[0] for _, local in per_worker]),
+                {g: np.concatenate([local[1][g] for _, local in per_worker]) for g in self._acting})
 
-    def _load_env_states(self, blobs: list[bytes]) -> None:
-        local = [(self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()})
-                 if self.hosts_jobs else None for first, count in self.blocks]
+    def _restore(self, blobs, stats, acting) -> None:
+        self.stats, self._acting = stats, acting
+        local = [self._accumulator_rows(first, count) if self.hosts_jobs else None for first, count in self.blocks]
         self._broadcast("set_state", per_worker=[([blobs[i] for i in idx], part)
                                                  for idx, part in zip(self.indices, local)])
         self._gather(range(len(self.conns)), "restoring env state")
+
+    def _accumulator_rows(self, first: int, count: int) -> tuple:
+        """The episode accumulators of envs ``first .. first + count - 1``, for the worker hosting them."""
+        return self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()}
 
     def close(self, grace: float | None = None) -> None:
         """Ask workers to close their envs; after ``grace`` seconds (default: the step timeout, at
@@ -744,13 +758,20 @@ class SubprocVectorEnv(VectorEnv):
 
 
 def resolve_start_method(method: str) -> str:
-    """``auto``: ``fork`` on Linux in a process with no other Python thread (a forked worker starts at
-    once, with the modules already imported, torch's among them), else ``spawn``: macOS's system
-    libraries are not safe to fork, and another thread may hold a lock the child would wait on
-    forever. (The thread pools of numpy's and torch's math libraries reset themselves in a child.)"""
+    """``auto``: ``fork`` on Linux in a process with no other Python thread where torch, if imported,
+    computes on one thread and has not set up CUDA (a forked worker starts at once, with the modules
+    already imported, torch's among them), else ``spawn``: macOS's system libraries are not safe to
+    fork; another thread may hold a lock the child would wait on forever; the OpenMP thread pool of
+    torch's CPU kernels (GNU's, in its wheels) does not exist in a forked child that still believes
+    it does; and CUDA cannot be set up again in one."""
     if method != "auto":
         return method
-    return "fork" if sys.platform.startswith("linux") and threading.active_count() == 1 else "spawn"
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return "spawn"
+    torch = sys.modules.get("torch")   # not imported here: the envs layer does not need it
+    if torch is not None and (torch.get_num_threads() > 1 or torch.cuda.is_initialized()):
+        return "spawn"
+    return "fork"
 
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",

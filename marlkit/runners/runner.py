@@ -337,7 +337,7 @@ class Runner:
         total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
         overlap = rc.overlapped()
-        collecting = WorkerCollector if rc.acts_in_workers() else Collector
+        collecting = WorkerCollector if rc.acts_in_workers(cfg.device) else Collector
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap)
         collector.load_state_dict(state.pop("behaviour", None) or {})
         learner = Learner(self.agents, learners, background=overlap)
@@ -457,18 +457,15 @@ class Runner:
         return float(np.mean([row["mean"][g] for g in self.agents if self._learning(g)] or
                              list(row["mean"].values())))
 
-    def _evaluation_row(self, eval_venv, agents: dict, stop=None, baseline: bool = False) -> dict:
+    def _evaluation_row(self, eval_venv, agents: dict, stop=None) -> dict:
         """The evaluation protocol: ``runner.eval_episodes`` episodes of ``agents`` on the evaluation
         envs, from the same env seed every time, drawing from generators of their own (so training
         draws the same numbers whether and however often it is evaluated) -> the mean and std of
-        each group's return, the env's episode statistics (``env``) and the ``score``. The random
-        ``baseline`` draws from others again: on the numbers the policy draws, an untrained policy
-        (near-uniform, sampled by Gumbel-max) would pick exactly the random policy's actions."""
+        each group's return, the env's episode statistics (``env``) and the ``score``."""
         rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
-        draws = seed + 1 if baseline else seed
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
-                own.enter_context(agent.own_generators(draws * 1000 + i))
+                own.enter_context(agent.own_generators(seed * 1000 + i))
             episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
                                     seed=seed, step_limit=rc.episode_step_limit, stop=stop)
         row = {"mean": {}, "std": {}}
@@ -490,7 +487,7 @@ class Runner:
         rc = self.cfg.runner
         if state.get("baseline") is None:   # once per run: a resumed run has it in its checkpoint
             state["baseline"] = self._evaluation_row(eval_venv, self._random_policy(eval_venv.spec, eval_venv.num_envs),
-                                                     stop, baseline=True)
+                                                     stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state["baseline"]["mean"].items()}, state["steps"])
         result.baseline = state["baseline"]
         row = {"step": state["steps"], **self._evaluation_row(eval_venv, self.agents, stop)}
