@@ -51,12 +51,12 @@ class Collector:
         self.venv, self.agents, self.learners, self.horizon = venv, agents, learners, horizon
         self.behaviours = {g: agent.behaviour() if overlap and g in learners else agent for g, agent in agents.items()}
 
-    def collect(self, state: dict) -> None:
+    def collect(self, state: dict) -> list[tuple[int, int, dict]]:
         """One rollout from ``state``'s observation and hidden state, which move on to where it
-        ends; finished episodes are counted in ``state`` and kept as ``finished``: ``(t, e,
-        episode)`` in the order they ended."""
+        ends; finished episodes are counted in ``state``. -> those episodes as ``(t, e, episode)``,
+        in the order they ended."""
         obs, hidden = state["obs"], state["hidden"]
-        self.finished = []
+        finished = []
         for t in range(self.horizon):
             outs = act(self.behaviours, obs, hidden, explore=True)
             res = self.venv.step({g: out.actions for g, out in outs.items()})
@@ -68,11 +68,12 @@ class Collector:
                     out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
                     res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
                     agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
-            self.finished += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
+            finished += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
             hidden = advance_hidden(outs, res.episode_end, res.agent_end)
             obs = res.next
         state["obs"], state["hidden"] = obs, hidden
-        count_episodes(state, (episode for _, _, episode in self.finished))
+        count_episodes(state, (episode for _, _, episode in finished))
+        return finished
 
     def hand_over(self, state: dict) -> dict[str, Bootstrap]:
         """The learning agents take the rollout just collected; -> per learning group what to value

@@ -46,10 +46,10 @@ class ActingJob:
         for g in self.learners:
             self.actors[g].buffer.reset()
         state = {"obs": obs, "hidden": hidden, "recent": [], "recent_stats": [], "episodes": 0}
-        self.collector.collect(state)
+        finished = self.collector.collect(state)
         return {"rollouts": {g: self.actors[g].buffer for g in self.learners},
                 "streams": {g: actor.streams for g, actor in self.actors.items()},
-                "episodes": [(t, self.first_env + e, episode) for t, e, episode in self.collector.finished],
+                "episodes": [(t, self.first_env + e, episode) for t, e, episode in finished],
                 "obs": state["obs"], "hidden": state["hidden"]}
 
 
@@ -72,7 +72,7 @@ class WorkerCollector(Collector):
         self.installed = True
         self.changed.clear()
 
-    def collect(self, state: dict) -> None:
+    def collect(self, state: dict) -> list[tuple[int, int, dict]]:
         if not self.installed:
             self._install()
         obs, hidden = state["obs"], state["hidden"]
@@ -89,8 +89,9 @@ class WorkerCollector(Collector):
                 behaviour.streams.absorb(reply["streams"][g])
         state["obs"] = Observation.join([r["obs"] for r in replies])
         state["hidden"] = {g: _join([r["hidden"][g] for r in replies]) for g in hidden}
-        self.finished = sorted((e for r in replies for e in r["episodes"]), key=lambda ended: ended[:2])
-        count_episodes(state, (episode for _, _, episode in self.finished))
+        finished = sorted((e for r in replies for e in r["episodes"]), key=lambda ended: ended[:2])
+        count_episodes(state, (episode for _, _, episode in finished))
+        return finished
 
     def sync(self) -> None:
         super().sync()
