@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
 
-.PHONY: install train test benchmark clean
+.PHONY: install train test test-exact benchmark clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,16 @@ train: install  ## MAPPO on the embedded default env, mpe_spread (2M env steps)
 
 test: install  ## the test suite (also runs both examples on a tiny budget)
 	$(BIN)/python -m pytest $(ARGS)
+
+# the tests that assert bit-identical results, under every ATen CPU capability this CPU can run
+# (torch's kernels for each round differently; a claim of exactness must hold under each)
+test-exact: install
+	@native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
+	case $$native in avx512) caps="default avx2 avx512";; avx2) caps="default avx2";; *) caps="default";; esac; \
+	for cap in $$caps; do \
+		echo "exact tests under ATEN_CPU_CAPABILITY=$$cap (this CPU: $$native)"; \
+		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -m exact $(ARGS) || exit $$?; \
+	done
 
 benchmark: install  ## throughput: MAPPO training vs raw env stepping
 	$(BIN)/python benchmarks/throughput.py $(ARGS)

@@ -129,6 +129,12 @@ class RunnerConfig:
     # step; the same results); null: on where they are processes of this machine (vectorize
     # subprocess, or auto with two envs or more) and the agents compute on the CPU
     act_in_workers: Optional[bool] = None
+    # envs per acting pass: null acts on all the envs of the runner (or of a worker) in one pass,
+    # the fastest; a number k acts on blocks of k consecutive envs (env k * i onwards), and env
+    # workers hold whole blocks, so that every env is acted on in the same batch wherever acting
+    # runs: the same bits whatever runner.workers, act_in_workers or vectorize are, on any CPU
+    # (torch's matrix kernels round a batch of another size differently, docs/envs.md)
+    act_batch: Optional[int] = field(default=None, metadata=_range(1))
 
     def envs_in_workers(self) -> bool:
         """Whether the training envs step outside this process."""

@@ -63,3 +63,20 @@ def assert_same_training(a, b, group: str = "agents") -> None:
     assert wa.keys() == wb.keys()
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
+
+
+def assert_close_training(a, b, group: str = "agents", rel: float = 1e-4) -> None:
+    """Two runs trained alike up to float rounding: where torch's kernels round a batch of another
+    size differently (acting on blocks of other sizes), the last bits of log-probs and values
+    differ, and so do, slightly, the metrics and weights; steps, actions and so episodes agree."""
+    assert a.steps == b.steps
+    for key, value in a.metrics.items():
+        if not key.startswith("perf/"):
+            assert b.metrics[key] == pytest.approx(value, rel=rel, abs=1e-6), key
+    assert len(a.episode_returns) == len(b.episode_returns)
+    for x, y in zip(a.episode_returns, b.episode_returns):
+        assert x == pytest.approx(y, rel=rel, abs=1e-6)
+    wa = torch.load(a.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    wb = torch.load(b.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
+    for name in wa:
+        torch.testing.assert_close(wa[name], wb[name], rtol=rel, atol=1e-6, msg=name)

@@ -207,6 +207,7 @@ def test_save_load_round_trip(tmp_path):
     np.testing.assert_array_equal(a.log_prob, b.log_prob)
 
 
+@pytest.mark.exact
 def test_resume_continues_exactly(tiny):
     # 100 env steps per update; syncs every 4th update, so the resume at update 6 sits between syncs
     common = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "agents.COMA.target_update_interval": 4}

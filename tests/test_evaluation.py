@@ -11,6 +11,7 @@ def _metrics(run) -> dict:
     return {k: v for k, v in run.metrics.items() if not k.startswith("perf/")}
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
 def test_the_same_seed_trains_the_same_in_train_and_benchmark_mode(tiny, agent):
     settings = {**tiny, "runner.total_steps": 200, "runner.eval_episodes": 3}

@@ -175,6 +175,7 @@ def test_settings_mat_does_not_use_are_refused():
     assert cfg.agents["MAT"].n_block == 2 and cfg.agents["MAT"].n_embd == 64
 
 
+@pytest.mark.exact
 def test_resume_continues_exactly(tiny):
     common = {**tiny, "runner.parallels": 4, "runner.horizon": 25}
     full = marlkit.run(agent="MAT", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 1200,

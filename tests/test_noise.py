@@ -75,10 +75,8 @@ def test_sampling_draws_from_the_distribution(noise):
     torch.testing.assert_close(draws.std(0), torch.tensor([1.0, 2.0]), atol=0.05, rtol=0)
 
 
-@pytest.mark.parametrize("agent", ["MAPPO", "MAT", "random"])
-def test_acting_on_envs_in_two_batches_draws_as_in_one(agent):
-    """An agent acting on envs 0-5, then on its copy acting on envs 0-2 and 3-5 in turn with the
-    streams of those envs, picks the same actions with the same log-probabilities."""
+def _acting_pair(agent):
+    """An agent of 6 mpe_spread envs and a copy of it, and the first observation of those envs."""
     import copy
 
     from marlkit.api import build_config
@@ -91,21 +89,51 @@ def test_acting_on_envs_in_two_batches_draws_as_in_one(agent):
     finally:
         venv.close()
     spec = venv.spec
-    cls = get_agent(agent)
-    one = cls(spec.groups["agents"], spec.state_shape, cfg.agents[agent], 6, 25, seed=3, state_dtype=spec.state_dtype,
-              state_from_obs=spec.state_from_obs)
-    two = copy.deepcopy(one)
+    one = get_agent(agent)(spec.groups["agents"], spec.state_shape, cfg.agents[agent], 6, 25, seed=3,
+                           state_dtype=spec.state_dtype, state_from_obs=spec.state_from_obs)
+    return one, copy.deepcopy(one), obs
+
+
+def _act_on_halves(agent, parts, obs):
+    """``agent`` acting on envs 0-2, then 3-5, each with the streams of its envs alone (``parts``,
+    as two env workers of 3 envs each hold them)."""
+    halves = []
+    for part, rows in zip(parts, (slice(0, 3), slice(3, 6))):
+        agent.streams = part
+        halves.append(agent.act(obs.obs["agents"][rows], obs.state[rows], obs.agent_mask["agents"][rows],
+                                obs.action_mask["agents"][rows], None, True))
+    return halves
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT", "random"])
+def test_acting_on_envs_in_two_batches_draws_as_in_one(agent):
+    """An agent acting on envs 0-5, then on its copy acting on envs 0-2 and 3-5 in turn with the
+    streams of those envs, draws the same noise and so picks the same actions; the log-probabilities
+    agree to float rounding, as torch's matrix kernels may round a batch of 3 envs otherwise than one
+    of 6 (on an AVX2 AMD EPYC, a Linear layer does for MAT's 3 x 3 rows against 6 x 3)."""
+    one, two, obs = _acting_pair(agent)
     parts = [two.streams.block(0, 3), two.streams.block(3, 3)]
-
-    def act(a, rows):
-        return a.act(obs.obs["agents"][rows], obs.state[rows], obs.agent_mask["agents"][rows],
-                     obs.action_mask["agents"][rows], None, True)
-
     for _ in range(3):
-        joint = act(one, slice(0, 6))
-        halves = []
-        for part, rows in zip(parts, (slice(0, 3), slice(3, 6))):
-            two.streams = part
-            halves.append(act(two, rows))
+        joint = one.act(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"], None,
+                        True)
+        halves = _act_on_halves(two, parts, obs)
+        assert np.array_equal(joint.actions, np.concatenate([h.actions for h in halves]))
+        np.testing.assert_allclose(joint.log_prob, np.concatenate([h.log_prob for h in halves]), rtol=1e-6)
+
+
+@pytest.mark.exact
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT", "IPPO", "COMA", "random"])
+def test_acting_in_blocks_is_acting_on_each_block_alone(agent):
+    """``runner.act_batch: 3``: the collector acts on 6 envs in blocks of 3, which gives, bit for bit
+    on any CPU, what two workers of 3 envs each give: every env in a batch of the same shape."""
+    from marlkit.runners.collector import act
+    one, two, obs = _acting_pair(agent)
+    parts = [two.streams.block(0, 3), two.streams.block(3, 3)]
+    for _ in range(3):
+        joint = act({"agents": one}, obs, {"agents": None}, explore=True, block=3)["agents"]
+        halves = _act_on_halves(two, parts, obs)
         assert np.array_equal(joint.actions, np.concatenate([h.actions for h in halves]))
         assert np.array_equal(joint.log_prob, np.concatenate([h.log_prob for h in halves]))
+        if joint.value is not None:
+            assert np.array_equal(joint.value, np.concatenate([h.value for h in halves]))
+    assert np.array_equal(one.streams.counters, np.concatenate([p.counters for p in parts]))

@@ -43,6 +43,7 @@ class _TorchAdam(torch.optim.Adam):
         super().zero_grad(set_to_none=True)
 
 
+@pytest.mark.exact
 def test_adam_and_clipping_give_torchs_bits():
     ours, theirs = _model(1), _model(1)
     norms = _train(ours, Adam(_groups(ours), eps=1e-5), clip_grad_norm, 12)
@@ -53,6 +54,7 @@ def test_adam_and_clipping_give_torchs_bits():
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.exact
 def test_state_dict_goes_both_ways_with_torchs_adam():
     """A checkpoint written by torch's Adam loads into marlkit's and training continues with the
     same bits, and the other way round."""

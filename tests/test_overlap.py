@@ -61,6 +61,7 @@ def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, la
         assert LagProbe.collected_with[r] == {LagProbe.updated[max(r - lag, 0)]}, r
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])
 def test_an_overlapped_run_resumes_exactly_with_its_next_rollout_saved(tiny, agent):
     """A run of 600 steps ends with its agents after the 6th update and the 7th rollout, collected
@@ -94,6 +95,7 @@ def test_a_rollout_in_flight_is_trained_on_when_the_run_resumes_without_overlap(
     assert state["updates"] == 9 and state["pending"]
 
 
+@pytest.mark.exact
 def test_overlapped_training_is_deterministic():
     """The learner's and the behaviour's draws come from generators of their own, so how the two
     threads interleave cannot change a run."""
@@ -119,6 +121,7 @@ def test_overlap_with_envs_in_this_process_is_refused_naming_the_fix(tiny):
     assert not RunnerConfig(vectorize="subprocess", overlap=False).overlapped()
 
 
+@pytest.mark.exact
 def test_a_run_resumed_in_fresh_episodes_learns_its_saved_rollout_from_where_it_ended(tiny, env_yaml):
     """An env that cannot be restored exactly resumes in fresh episodes, but the rollout saved beside
     the last update was collected before them: the update on it, the first after the resume, is

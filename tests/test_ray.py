@@ -94,9 +94,12 @@ def _weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
 
 
+@pytest.mark.exact
 def test_training_on_the_cluster_is_identical_to_worker_processes_and_resumes_across_modes(cluster, tiny):
+    """The driver acts for the Ray actors, the subprocess workers for themselves: with the acting
+    blocks of ``runner.act_batch`` they act on the same batches, and train alike bit for bit."""
     settings = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.workers": 2,
-                "runner.save_interval": 300}
+                "runner.save_interval": 300, "runner.act_batch": 2}
 
     def train(vectorize, total, **extra):
         return marlkit.run(agent="MAPPO", env="mpe_spread", seed=5,

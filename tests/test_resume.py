@@ -18,6 +18,7 @@ def _run(tiny, **extra):
                                                                    "runner.horizon": 25, **extra})
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])
 def test_resume_continues_exactly(tiny, agent):
     full = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**tiny, "runner.parallels": 4,
@@ -129,6 +130,7 @@ def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]
 
 
+@pytest.mark.exact
 def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, battle_yaml):
     """The grid battle of benchmarks/scaling.py (pure Python, declared exact) with a frame stack: the
     wrapper's frames pickle with the env, so a resumed run continues the very same episodes."""
@@ -145,6 +147,7 @@ def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, battle_yaml):
             assert resumed.metrics[key] == value, key
 
 
+@pytest.mark.exact
 def test_resume_after_the_load_file_has_gone(tiny):
     """A run started from --load keeps its weights in its own latest.pt: deleting the file it began
     from does not stop it from being continued, and the continuation is the run's own."""

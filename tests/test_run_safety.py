@@ -318,6 +318,7 @@ def test_env_with_state_outside_python_resumes_with_fresh_episodes(tiny, env_yam
         marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 100})
 
 
+@pytest.mark.exact
 def test_mpe_tag_resumes_exactly_with_two_groups(tiny):
     common = {**tiny, "runner.parallels": 2, "runner.horizon": 25, "runner.eval_interval": 10 ** 9}
     full = marlkit.run(agent="MAPPO", env="mpe_tag", seed=3, **{**common, "runner.total_steps": 300})

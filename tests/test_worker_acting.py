@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import marlkit
-from conftest import assert_same_training
+from conftest import assert_close_training, assert_same_training
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
 from marlkit.envs.vector import _LIVE
@@ -36,50 +36,69 @@ def _weights_equal(a, b, group="agents"):
         torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO", "COMA"])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_acting_in_the_workers_trains_as_acting_here(tiny, agent, overlap):
+    """With ``runner.act_batch`` the size of a worker's block, this process acts on the blocks the
+    workers act on, and the runs are the same bit for bit on any CPU."""
     here, there = _pair(agent, "mpe_spread", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
-                                                      "runner.total_steps": 400, "runner.overlap": overlap})
+                                                      "runner.total_steps": 400, "runner.overlap": overlap,
+                                                      "runner.act_batch": 2})
     assert here.episode_returns and here.steps == there.steps == 400
     assert_same_training(here, there)
     _weights_equal(here, there)
 
 
-def test_recurrent_agents_with_dying_agents_and_truncation_act_alike_in_the_workers(tiny, env_yaml):
+def test_without_act_batch_acting_in_the_workers_trains_as_acting_here_to_rounding(tiny):
+    """This process acts on 4 envs at once, the workers on 2 each: the same draws and actions, the
+    log-probs to float rounding where torch's kernels round those batch sizes differently."""
+    here, there = _pair("MAPPO", "mpe_spread", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
+                                                        "runner.total_steps": 400})
+    assert here.episode_returns and here.steps == there.steps == 400
+    assert_close_training(here, there)
+
+
+@pytest.mark.parametrize("act_batch", [1, None])
+def test_recurrent_agents_with_dying_agents_and_truncation_act_alike_in_the_workers(tiny, env_yaml, act_batch):
     """A GRU actor and critic on the scripted env (agents die and appear mid-episode, episodes are cut
     by a time limit): hidden states, masks and truncation finals come back from the workers as they
-    are made here; 5 envs over 2 workers make blocks of unequal size. The draws, actions and
-    episodes are the same; log-probs and values only to float rounding (about 1e-7): torch's kernels
-    round the last bit of a GRU's batch of 15 rows differently from batches of 9 and 6."""
+    are made here; 5 envs over 2 workers make blocks of unequal size. Acting on one env at a time
+    everywhere (``act_batch: 1``), the runs are the same bit for bit; acting on 5 envs here and on 3
+    and 2 in the workers, the draws, actions and episodes are the same, log-probs and values to
+    float rounding (torch's kernels round the last bit of a GRU's batch of 15 rows, about 1e-7,
+    otherwise than of 9 and 6)."""
     path = env_yaml("toy_envs:scripted", {"length": 7}, env={"max_episode_steps": 5})
     here, there = _pair("MAPPO", path, tiny, **{
         "runner.parallels": 5, "runner.horizon": 10, "runner.total_steps": 100, "agents.MAPPO.actor": GRU,
-        "agents.MAPPO.critic": GRU, "agents.MAPPO.chunk_length": 5, "agents.MAPPO.critic_input": "state"})
+        "agents.MAPPO.critic": GRU, "agents.MAPPO.chunk_length": 5, "agents.MAPPO.critic_input": "state",
+        "runner.act_batch": act_batch})
     assert here.episode_returns and here.steps == there.steps == 100
     assert here.episode_returns == there.episode_returns
-    for key, value in here.metrics.items():
-        if not key.startswith("perf/"):
-            assert there.metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
-    wa = torch.load(here.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
-    wb = torch.load(there.run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
-    for name in wa:
-        torch.testing.assert_close(wa[name], wb[name], rtol=1e-4, atol=1e-6, msg=name)
+    if act_batch:
+        assert_same_training(here, there)
+    else:
+        assert_close_training(here, there)
 
 
+@pytest.mark.exact
 def test_a_group_that_does_not_learn_acts_in_the_workers_too(tiny):
     """mpe_tag with a random policy for the fleeing agent: both groups act in the workers, the
     adversaries learn, and the run is the one acted here."""
     here, there = _pair("MAPPO", "mpe_tag", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
-                                                     "runner.total_steps": 300, "groups.agent.agent": "random"})
+                                                     "runner.total_steps": 300, "groups.agent.agent": "random",
+                                                     "runner.act_batch": 2})
     assert_same_training(here, there, group="adversary")
     _weights_equal(here, there, group="adversary")
 
 
+@pytest.mark.exact
 def test_a_run_resumes_exactly_from_workers_acting_to_this_process_acting_and_back(tiny):
     """Saved with the workers acting (and the next rollout in flight), resumed with this process
-    acting, then with 3 workers acting: the run ends where an uninterrupted one does."""
-    common = {**tiny, **WORKERS, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300}
+    acting, then with 3 workers acting: the run ends where an uninterrupted one does (every env
+    acted on alone, ``act_batch: 1``, wherever it is)."""
+    common = {**tiny, **WORKERS, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300,
+              "runner.act_batch": 1}
     full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 900})
     half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 300})
     state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])

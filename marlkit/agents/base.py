@@ -43,6 +43,15 @@ class ActOut:
     hidden: np.ndarray | None = None    # [E, A, ...] to feed the next act; the runner zeroes reset envs
     extras: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @staticmethod
+    def join(parts: list["ActOut"]) -> "ActOut":
+        """What acting on consecutive blocks of the envs gave, as one, in env order."""
+        def cat(arrays):
+            return None if arrays[0] is None else np.concatenate(arrays)
+        return ActOut(cat([p.actions for p in parts]), cat([p.log_prob for p in parts]),
+                      cat([p.value for p in parts]), cat([p.hidden for p in parts]),
+                      {k: cat([p.extras[k] for p in parts]) for k in parts[0].extras})
+
 
 @dataclass
 class Bootstrap:
@@ -125,6 +134,18 @@ class Agent:
             yield
         finally:
             self.rng, self.streams = kept
+
+    @contextmanager
+    def acting_on(self, first: int, count: int):
+        """``act`` inside sees the envs ``first .. first + count - 1`` alone (``runner.act_batch``):
+        it draws from their streams, which go on from where they stop."""
+        whole = self.streams
+        self.streams = whole.block(first, count)
+        try:
+            yield
+        finally:
+            whole.absorb(self.streams)
+            self.streams = whole
 
     def store(self, step: Transition) -> None:
         """Keep one transition; agents that do not learn ignore it."""

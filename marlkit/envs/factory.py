@@ -47,4 +47,4 @@ def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None =
                                    runner.worker_start_timeout, runner.ray_max_restarts, first_index)
     return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
                            runner.workers, runner.worker_timeout, runner.start_method,
-                           runner.worker_start_timeout, first_index)
+                           runner.worker_start_timeout, first_index, runner.act_batch or 1)

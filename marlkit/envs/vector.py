@@ -556,23 +556,26 @@ def _close_all() -> None:
 
 
 class SubprocVectorEnv(VectorEnv):
-    """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn)."""
+    """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn, in
+    whole blocks of ``align`` consecutive envs: a job acting on blocks of that many envs then acts on
+    the blocks it would act on over all the envs)."""
 
     def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
-                 start_method: str = "auto", start_timeout: float = 120.0):
+                 start_method: str = "auto", start_timeout: float = 120.0, align: int = 1):
         super().__init__()
         start_method = resolve_start_method(start_method)
         if start_method != "fork":
             check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)",
                                instead="set runner.vectorize: sync")
         self.num_envs = len(env_fns)
-        num_workers = min(num_workers or os.cpu_count() or 1, self.num_envs)
+        blocks = [list(range(first, min(first + align, self.num_envs))) for first in range(0, self.num_envs, align)]
+        num_workers = min(num_workers or os.cpu_count() or 1, len(blocks))
         self.timeout, self.start_timeout = timeout, start_timeout
         self.closed = False
         self.arrays = None
         self.hosts_jobs = False
-        chunks = np.array_split(np.arange(self.num_envs), num_workers)
-        self.indices = [c.tolist() for c in chunks]
+        shares = np.array_split(np.arange(len(blocks)), num_workers)   # each worker's blocks
+        self.indices = [[env for b in share for env in blocks[b]] for share in shares]
         ctx = mp.get_context(start_method)
         self.conns, self.procs, self.busy, self.ticks, self.pollers = [], [], [], [], []
         _LIVE.add(self)
@@ -776,9 +779,9 @@ def resolve_start_method(method: str) -> str:
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
                     num_workers: int | None = None, timeout: float = 60.0, start_method: str = "auto",
-                    start_timeout: float = 120.0, first_index: int = 0) -> VectorEnv:
+                    start_timeout: float = 120.0, first_index: int = 0, align: int = 1) -> VectorEnv:
     """``env_fn(first_index + i)`` builds env ``i``; it must be picklable for
-    ``vectorize='subprocess'``. ``'auto'`` is ``'subprocess'`` for two envs or more and ``'sync'``
+    ``vectorize='subprocess'``, whose workers hold whole blocks of ``align`` envs. ``'auto'`` is ``'subprocess'`` for two envs or more and ``'sync'``
     for one, for envs whose own process already isolates the work and answers within a timeout
     (Unity): a worker for a single env only adds a round trip per step."""
     import functools
@@ -788,5 +791,5 @@ def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vecto
     if vectorize == "sync":
         return SyncVectorEnv(fns)
     if vectorize == "subprocess":
-        return SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout)
+        return SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout, align)
     raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync', 'subprocess' or 'auto'")

@@ -2,8 +2,8 @@
 
 Acting draws from :class:`EnvStreams`: one stream per env, so that what the agents of env ``e`` draw
 depends on the seed, on ``e`` and on how much env ``e`` drew before, and not on which envs are
-batched together. A run therefore acts alike whether its envs are acted on in this process, in
-env worker processes or in Ray actors, and resumes exactly with another number of workers. A
+batched together. A run therefore draws alike whether its envs are acted on in this process, in
+env worker processes or in Ray actors, and after a resume with another number of workers. A
 stream is a counter: value ``k`` of env ``e`` is SplitMix64's output function applied to
 ``key(seed, e) + k * gamma``, so a whole batch is drawn by a few vectorised integer operations
 (no generator object per env), and a stream's state is one integer.

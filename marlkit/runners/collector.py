@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from marlkit.agents.base import Agent, Bootstrap
+from marlkit.agents.base import ActOut, Agent, Bootstrap
 from marlkit.buffers import Transition
 from marlkit.envs.core import Observation
 
@@ -38,17 +38,36 @@ def count_episodes(state: dict, episodes) -> None:
             state["recent_stats"].append(episode["stats"])
 
 
-def act(agents: dict[str, Agent], obs: Observation, hidden: dict, explore: bool) -> dict:
-    return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
-            for g, agent in agents.items()}
+def act(agents: dict[str, Agent], obs: Observation, hidden: dict, explore: bool, block: int | None = None) -> dict:
+    """Every group's ``ActOut`` for the envs of ``obs``: in one pass, or with ``block``
+    (``runner.act_batch``) in passes over ``block`` consecutive envs each, so that an env is acted
+    on in the same batch wherever its block is acted on (torch's kernels round a batch of another
+    size differently)."""
+    num_envs = len(obs.state)
+    if block is None or block >= num_envs:
+        return {g: agent.act(obs.obs[g], obs.state, obs.agent_mask[g], obs.action_mask[g], hidden[g], explore)
+                for g, agent in agents.items()}
+    parts: dict[str, list[ActOut]] = {g: [] for g in agents}
+    for first in range(0, num_envs, block):
+        count = min(block, num_envs - first)
+        rows = obs.rows(first, count)
+        for g, agent in agents.items():
+            h = hidden[g][first:first + count] if hidden[g] is not None else None
+            with agent.acting_on(first, count):
+                parts[g].append(agent.act(rows.obs[g], rows.state, rows.agent_mask[g], rows.action_mask[g], h,
+                                          explore))
+    return {g: ActOut.join(outs) for g, outs in parts.items()}
 
 
 class Collector:
     """Steps ``venv`` for ``horizon`` steps per ``collect``, acting with ``behaviours`` (one per
-    group); ``learners`` are the groups whose transitions are stored."""
+    group) on blocks of ``act_batch`` envs (None: all at once); ``learners`` are the groups whose
+    transitions are stored."""
 
-    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool):
+    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
+                 act_batch: int | None = None):
         self.venv, self.agents, self.learners, self.horizon = venv, agents, learners, horizon
+        self.act_batch = act_batch
         self.behaviours = {g: agent.behaviour() if overlap and g in learners else agent for g, agent in agents.items()}
 
     def collect(self, state: dict) -> list[tuple[int, int, dict]]:
@@ -58,7 +77,7 @@ class Collector:
         obs, hidden = state["obs"], state["hidden"]
         finished = []
         for t in range(self.horizon):
-            outs = act(self.behaviours, obs, hidden, explore=True)
+            outs = act(self.behaviours, obs, hidden, explore=True, block=self.act_batch)
             res = self.venv.step({g: out.actions for g, out in outs.items()})
             for g in self.learners:
                 out = outs[g]

@@ -338,7 +338,7 @@ class Runner:
         learners = [g for g in self.agents if self._learning(g)]
         overlap = rc.overlapped()
         collecting = WorkerCollector if rc.acts_in_workers(cfg.device) else Collector
-        collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap)
+        collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.pop("behaviour", None) or {})
         learner = Learner(self.agents, learners, background=overlap)
         bar = ProgressBar(total=total, initial=state["steps"], unit="step", disable=not rc.progress,

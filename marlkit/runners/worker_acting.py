@@ -9,8 +9,8 @@ the next rollout while it does.
 The result is the one acting here gives: every env draws from its own random stream
 (``marlkit/networks/noise.py``) wherever it is acted on, the rollout blocks are joined in env
 order, and finished episodes are counted in the order (step, env) they would have ended in here.
-It is the same bit for bit where torch rounds a worker's smaller batches as it rounds the whole
-one (docs/envs.md says where it does not).
+Log-probs and values agree to float rounding (torch rounds a worker's smaller batch otherwise than
+the whole one), and bit for bit with ``runner.act_batch``, whose blocks are the same here and there.
 """
 from __future__ import annotations
 
@@ -26,15 +26,18 @@ class ActingJob:
     """Runs in an env worker: ``actors`` (acting copies, one per group, for this worker's envs
     ``first_env ..``) collect one rollout of ``horizon`` steps per ``run``."""
 
-    def __init__(self, actors: dict[str, Agent], learners: list[str], horizon: int, first_env: int):
+    def __init__(self, actors: dict[str, Agent], learners: list[str], horizon: int, first_env: int,
+                 act_batch: int | None):
         self.actors, self.learners, self.horizon, self.first_env = actors, learners, horizon, first_env
+        self.act_batch = act_batch   # the worker's first env begins a block: its blocks are the runner's
         self.threads = torch.get_num_threads()   # runner.torch_threads, as the runner's process has it
 
     def install(self, venv) -> None:
         # a spawned worker's torch would start with a thread per core, and the workers and the
         # learner would fight over the cores (acting took 4x as long)
         torch.set_num_threads(self.threads)
-        self.collector = Collector(venv, self.actors, self.learners, self.horizon, overlap=False)
+        self.collector = Collector(venv, self.actors, self.learners, self.horizon, overlap=False,
+                                   act_batch=self.act_batch)
 
     def run(self, arg: tuple) -> dict:
         """``arg``: (this block's observation and hidden state to start from, new acting states of
@@ -58,8 +61,9 @@ class WorkerCollector(Collector):
     collect its block of the rollout and joins the blocks into the behaviours' storage, so that
     handing over, syncing and checkpoints work as with acting here."""
 
-    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool):
-        super().__init__(venv, agents, learners, horizon, overlap)
+    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
+                 act_batch: int | None = None):
+        super().__init__(venv, agents, learners, horizon, overlap, act_batch)
         self.installed = False
         self.changed: set[str] = set()   # learning groups whose weights the workers have not got yet
 
@@ -67,7 +71,7 @@ class WorkerCollector(Collector):
         """Acting copies to the workers, made now: after a resume has restored the behaviours."""
         self.venv.install_jobs([
             ActingJob({g: b.acting_copy(first, count) for g, b in self.behaviours.items()}, self.learners,
-                      self.horizon, first)
+                      self.horizon, first, self.act_batch)
             for first, count in self.venv.blocks])
         self.installed = True
         self.changed.clear()
