@@ -57,12 +57,13 @@ def is_engine(pid: int) -> bool:
 class Watched:
     """A training process and every process it ever started, sampled every 50 ms."""
 
-    def __init__(self, args: list[str], cwd: Path):
+    def __init__(self, args: list[str], cwd: Path, session: bool = False):
+        """``session``: the process leads a session, hence a process group, of its own (``setsid``)."""
         # the tests folder ahead of the caller's path, so that the marlkit under test is the one run
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
                                                                         os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env)
+                                     stderr=subprocess.PIPE, text=True, env=env, start_new_session=session)
         self.seen: set[int] = set()
         self.engines: set[int] = set()
 
@@ -109,8 +110,8 @@ def watch():
     go by themselves, as test_training_process_killed shows)."""
     started: list[Watched] = []
 
-    def start(args: list[str], cwd: Path) -> Watched:
-        started.append(Watched(args, cwd))
+    def start(args: list[str], cwd: Path, session: bool = False) -> Watched:
+        started.append(Watched(args, cwd, session))
         return started[-1]
 
     yield start
@@ -149,6 +150,25 @@ def test_ctrl_c(tmp_path, vectorize, watch):
     rc, stderr = w.finish()
     assert rc == 130, stderr
     assert "interrupted" in stderr and "Traceback" not in stderr
+    w.assert_all_gone(seconds=2)
+
+
+@pytest.mark.parametrize("vectorize,sig", [("subprocess", signal.SIGTERM), ("subprocess", signal.SIGINT),
+                                            ("sync", signal.SIGTERM)])
+def test_a_signal_to_the_whole_process_group_is_the_users_stop(tmp_path, vectorize, sig, watch):
+    """``timeout``, Slurm, systemd and a terminal signal every process of the group, marlkit's env
+    workers included: the run stops at the end of its rollout, saves, says so and exits 130, and no
+    process of the run is left."""
+    root = tmp_path / "runs"
+    w = watch(train_args(root, vectorize, 10 ** 8), tmp_path, session=True)
+    w.until(w.training(root))
+    time.sleep(1.0)
+    os.killpg(w.proc.pid, sig)
+    rc, stderr = w.finish()
+    assert rc == 130, stderr
+    [latest] = root.rglob("latest.pt")
+    assert f"interrupted; saved {latest} (step {read_steps(latest)} of {10 ** 8})" in stderr, stderr
+    assert "Traceback" not in stderr and "EnvWorkerError" not in stderr
     w.assert_all_gone(seconds=2)
 
 

@@ -214,31 +214,46 @@ def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tm
 
 # -- an interrupt saves a consistent checkpoint ----------------------------------------------------------
 
+def _ignore_sigint_in_a_session_of_its_own():
+    os.setsid()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, after: float = 2.0,
-                again_after: float | None = None, files: int = 1):
+                again_after: float | None = None, files: int = 1, group: bool = False):
     """Run ``marlkit args`` and send ``sig`` ``after`` seconds past the moment ``files`` files matching
     ``started`` are under ``root`` (and once more ``again_after`` seconds later) -> (exit code,
     stderr, seconds from the first signal to the exit). marlkit starts with SIGINT ignored, as a
     non-interactive shell starts a background job (a script's ``&``, CI under make): it must stop on
-    the signal all the same."""
+    the signal all the same. ``group``: marlkit leads a process group of its own (``setsid``), and
+    the signal goes to the whole group with ``os.killpg``, as ``timeout``, Slurm, systemd and a
+    terminal send theirs."""
     # faulthandler: a process that does not stop is made to print every thread's stack (SIGABRT)
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "marlkit", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=cli_env(),
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+                            preexec_fn=_ignore_sigint_in_a_session_of_its_own if group else
+                            lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+
+    def send(signum):
+        if group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+
     try:
         deadline = time.monotonic() + 120
         while len(list(root.rglob(started))) < files and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(after)
-        proc.send_signal(sig)
+        send(sig)
         signalled = time.monotonic()
         if again_after is not None:
             time.sleep(again_after)
-            proc.send_signal(sig)
+            send(sig)
         try:
             _, stderr = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGABRT)
+            send(signal.SIGABRT)
             _, stderr = proc.communicate(timeout=30)
             pytest.fail(f"marlkit did not stop within 60 s of signal {sig}; its stacks:\n{stderr[-6000:]}")
         return proc.returncode, stderr, time.monotonic() - signalled
@@ -246,13 +261,32 @@ def interrupted(args: list[str], root: Path, started: str, sig=signal.SIGINT, af
         if proc.poll() is None:   # a failed wait must not leave the training behind
             proc.kill()
             proc.communicate()
+        if group:
+            _wait_group_gone(proc.pid)
+
+
+def _wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
+    """Every process of the group has exited (env workers included)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
+    pytest.fail(f"processes of group {pgid} outlived marlkit by {timeout:g} s")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig):
+@pytest.mark.parametrize("to", ["marlkit", "group"])
+def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig, to):
+    """To marlkit alone or to its whole process group, env workers included (subprocess workers):
+    the same stop, message and exit code."""
     root = tmp_path / "runs"
     code, stderr, _ = interrupted(["--set", f"runner.run_root={root}", "runner.total_steps=100000000",
-                                "runner.save_interval=100000000", *TINY], root, "config.yaml", sig)   # some rollouts in
+                                   "runner.save_interval=100000000", "runner.vectorize=subprocess", *TINY],
+                                  root, "config.yaml", sig, group=to == "group")   # some rollouts in
     assert code == 130, stderr
     [run] = run_dirs(root)
     latest = run / "latest.pt"
@@ -262,6 +296,8 @@ def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig)
         in stderr
     assert "Traceback" not in stderr
     assert not list(run.glob("*.tmp*"))
+    # a stop at a rollout boundary with every env worker still there: the envs are saved too
+    assert torch.load(latest, weights_only=False)["venv"] is not None
     out = cli("--resume", str(run), "--set", f"runner.total_steps={steps + 50}")
     assert out.returncode == 0, out.stderr
     assert read_steps(latest) == steps + 50

@@ -440,16 +440,22 @@ class _Current:
         return None if self.shared.value < 0 else int(self.shared.value)
 
 
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(128 + signum)
+def _sigterm_handler(parent: int, stopping):
+    """SIGTERM unwinds the worker, so that its envs are closed and the game processes they started go
+    with them, when the parent asks (``stopping``, set before its ``terminate()``) or is gone. A
+    SIGTERM to the whole process group (``timeout``, Slurm, systemd, ``kill -TERM -- -PGID``) reaches
+    the parent too, which stops at its next consistent point and then closes the workers in order:
+    the worker carries on until then, as it does on a terminal's Ctrl+C."""
+    def handler(signum, frame):
+        if stopping.value or os.getppid() != parent:
+            raise SystemExit(128 + signum)
+    return handler
 
 
-def _worker(conn, env_fns: list, indices: list[int], busy, ticks, inherited: list) -> None:
-    # The parent owns Ctrl+C: it stops the workers in order, so a terminal's SIGINT is ignored here.
-    # SIGTERM (the parent's terminate(), or a kill of the process group) unwinds, so that the envs
-    # below are closed and the game processes they started go with them.
+def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inherited: list) -> None:
+    # The parent owns Ctrl+C and SIGTERM to the group: it stops the workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _sigterm_handler(os.getppid(), stopping))
     # a forked worker holds copies of the parent's ends of its own pipe and its elder siblings':
     # closed, so that each pipe reaches EOF here when the parent is gone (closed through their
     # Connection objects, which then cannot close a later file that reuses the number)
@@ -578,6 +584,7 @@ class SubprocVectorEnv(VectorEnv):
         self.indices = [[env for b in share for env in blocks[b]] for share in shares]
         ctx = mp.get_context(start_method)
         self.conns, self.procs, self.busy, self.ticks, self.pollers = [], [], [], [], []
+        self.stopping = ctx.RawValue("b", 0)   # set before the workers are terminated (_sigterm_handler)
         _LIVE.add(self)
         try:
             for idx in self.indices:
@@ -586,7 +593,8 @@ class SubprocVectorEnv(VectorEnv):
                 self.busy.append(busy)
                 self.ticks.append(ticks)
                 inherited = self.conns + [parent] if start_method == "fork" else []
-                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy, ticks, inherited),
+                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy, ticks,
+                                                         self.stopping, inherited),
                                    daemon=False, name=f"marlkit-env-{idx[0]}-{idx[-1]}")
                 proc.start()
                 child.close()
@@ -749,6 +757,7 @@ class SubprocVectorEnv(VectorEnv):
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
+                self.stopping.value = 1
                 proc.terminate()
                 proc.join(2.0)
             if proc.is_alive():

@@ -382,7 +382,12 @@ class Runner:
         except ConfigError:
             raise
         except Exception as exc:
-            exc.add_note(self._save_after_failure(state))
+            saved_before = self._saved_steps
+            note = self._save_after_failure(state)
+            if stop:
+                # the stop signal reached the env's own processes too (a signal to the process group)
+                raise RunInterrupted(self._interrupt_message(saved_now=self._saved_steps != saved_before)) from None
+            exc.add_note(note)
             raise
         finally:
             bar.close()
