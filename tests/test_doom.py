@@ -4,6 +4,7 @@ import logging
 import os
 import signal
 import socket
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -58,6 +59,47 @@ def gone_within(pids: list[int], seconds: float) -> bool:
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     return not any(alive(p) for p in pids)
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _ours(pid: int) -> bool:
+    """Whether the process is this one or one of its descendants."""
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        pid = _ppid(pid)
+    return False
+
+
+def work_folders() -> dict[str, tuple[int, int]]:
+    """The matches' work folders in the temp directory: name -> (pid, start time) of the process
+    that made it."""
+    names = {e: match_module._WORK_NAME.fullmatch(e) for e in os.listdir(tempfile.gettempdir())}
+    return {e: (int(m[1]), int(m[2])) for e, m in names.items() if m}
+
+
+@pytest.fixture(autouse=True)
+def no_work_folder_left():
+    """No test leaves a match's work folder in the temp directory, a killed process's included (its
+    keeper removes it within seconds). Folders of running matches that are not this process's own
+    (another test session's) are not its business."""
+    before = work_folders()
+    yield
+    deadline = time.monotonic() + 6.0
+    while True:
+        left = [f for f, (pid, started) in work_folders().items()
+                if f not in before and (match_module._started(pid) != started or _ours(pid))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"work folders left in {tempfile.gettempdir()}: {left}"
 
 
 def doom_of(env) -> DoomCoopEnv:
@@ -373,7 +415,9 @@ def test_with_a_fixed_base_port_evaluation_envs_take_the_ports_after_the_trainin
 
 
 def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
-    """The host engine crashes when its port is taken; the match starts again on another port."""
+    """Where matches share the machine's network (the system allows them no namespace of their
+    own), the host engine crashes when its port is taken; the match starts again on another port."""
+    monkeypatch.setattr(match_module, "_shared_because", "no network namespaces here")
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("0.0.0.0", 0))
         busy = taken.getsockname()[1]
@@ -383,7 +427,7 @@ def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
         with caplog.at_level(logging.WARNING, logger="marlkit.doom"):
             env = DoomCoopEnv(players=2, **SHORT)
         try:
-            assert env.match.current_port not in (None, busy)
+            assert not env.match.isolated and env.match.current_port not in (None, busy)
             assert f"did not start on port {busy}" in caplog.text
             env.reset(seed=0)
             env.step({a: 0 for a in env.agents})

@@ -16,7 +16,7 @@ import pytest
 
 from marlkit.runners.checkpoint import read_steps
 
-from test_doom import alive, gone_within
+from test_doom import alive, gone_within, no_work_folder_left  # noqa: F401  (autouse: no work folder left)
 
 PLAYERS, ENVS = 2, 2
 TINY = ["env.episode_timeout=40", "env.frame_skip=2", "env.resize=[30,40]", "env.frame_stack=2",
@@ -176,7 +176,7 @@ RAISE_IN_UPDATE = """
 import sys
 import yaml
 import marlkit
-from marlkit.agents.base import OnPolicyAgent
+from marlkit.agents.on_policy import OnPolicyAgent
 
 def update(self, *args, **kwargs):
     raise RuntimeError("a bug in training")

@@ -12,6 +12,7 @@ from marlkit.envs.doom import DoomCoopEnv
 from marlkit.envs.doom.coop_starts import (added_starts, coop_scenario_wad, coop_wad, map_things, read_wad,
                                            scenario_wad, write_wad)
 from marlkit.envs.doom.worker import VARIABLES
+from test_doom import no_work_folder_left  # noqa: F401  (autouse: no test leaves a match's work folder)
 
 X, Y = VARIABLES.index("POSITION_X"), VARIABLES.index("POSITION_Y")
 DEFEND = os.path.join(vizdoom.scenarios_path, "defend_the_center.cfg")

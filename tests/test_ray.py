@@ -20,7 +20,7 @@ from marlkit.envs.core import EnvWorkerError
 from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, loopback_cluster
 from marlkit.envs.vector import _LIVE, SyncVectorEnv
 from test_doom_cleanup import descendants, is_engine
-from test_doom import gone_within
+from test_doom import gone_within, work_folders
 from test_vector import fns, trajectory
 
 TESTS = str(Path(__file__).parent)
@@ -142,9 +142,15 @@ def test_doom_matches_on_the_cluster_die_with_their_actors(cluster):
         for _ in range(5):
             res = venv.step({"agents": rng.integers(0, n_actions, (2, 2))})
         assert res.next.obs["agents"].dtype == np.uint8 and res.next.obs["agents"].shape[:2] == (2, 2)
+        killed = venv.nodes[0][2]
+        assert [pid for pid, _ in work_folders().values()].count(killed) == 1
         ray.kill(venv.actors[0], no_restart=True)
         assert gone_within(sorted(engines[0]), 15), "the games of a killed actor outlived it"
         assert all(os.path.exists(f"/proc/{p}") for p in engines[1])
+        deadline = time.monotonic() + 10   # its match's work folder too (Ray kills an actor with SIGKILL)
+        while killed in [pid for pid, _ in work_folders().values()] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert killed not in [pid for pid, _ in work_folders().values()], "a killed actor's work folder outlived it"
     finally:
         venv.close()
     assert gone_within(sorted(engines[1]), 15), "games outlived close()"

@@ -169,7 +169,7 @@ def coop_scenario_wad(cfg_path: str, doom_map: str | None, players: int, spacing
                           "env.fresh_inventory and env.own_kills to false to give it to the engine as it is") from None
     if patched is None:
         return None
-    cache = Path(tempfile.gettempdir()) / f"marlkit-doom-{os.getuid()}"
+    cache = Path(tempfile.gettempdir()) / f"marlkit-wads-{os.getuid()}"   # apart from the matches' work folders
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"{wad_path.stem}-{hashlib.sha1(patched).hexdigest()[:12]}.wad"
     if not target.is_file():

@@ -4,25 +4,42 @@
 command to every worker and waits for all answers; a worker that dies or does not answer within
 ``timeout`` seconds becomes a :class:`DoomPlayerError` naming the env and the player, after the
 whole match has been torn down (the survivors would otherwise block forever, each spinning a core).
+
+Each match has a keeper process (``keeper.py``): it holds the match's network namespace, where the
+system allows one, so that the engines' UDP sockets can be reached by the match's players alone,
+and it removes the match's work folder should this process die without closing the match. Work
+folders are named after the process that made them (pid and start time), so that a start removes
+those whose process is gone and whose keeper could not remove them (killed along with it).
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
 import os
+import re
+import select
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
 from multiprocessing.connection import wait
 
 from marlkit.envs import ports, processes
-from marlkit.envs.doom import worker
+from marlkit.envs.doom import keeper, worker
 from marlkit.envs.doom.worker import PlayerSettings
 from marlkit.envs.main_guard import check_main_guarded
 
 log = logging.getLogger("marlkit.doom")
+
+WORK_PREFIX = "marlkit-doom-"
+_WORK_NAME = re.compile(re.escape(WORK_PREFIX) + r"(\d+)-(\d+)-\w+")
+# why this process's matches share the machine's network; the first refusal is logged, and later
+# matches do not try again
+_shared_because: str | None = None
 
 
 class DoomPlayerError(RuntimeError):
@@ -61,6 +78,35 @@ def _fault(worker_pid: int) -> str:
     return ""
 
 
+def _started(pid: int) -> int | None:
+    """A process's start time (clock ticks after boot): with its pid, a name no later process has."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sweep_work_folders() -> None:
+    """Remove the work folders of this user whose process is gone (killed with its keeper)."""
+    if _started(os.getpid()) is None:   # no /proc: a live owner could not be told from a dead one
+        return
+    try:
+        entries = list(os.scandir(tempfile.gettempdir()))
+    except OSError:
+        return
+    for entry in entries:
+        name = _WORK_NAME.fullmatch(entry.name)
+        try:
+            stale = (name is not None and entry.is_dir(follow_symlinks=False)
+                     and entry.stat(follow_symlinks=False).st_uid == os.geteuid()
+                     and _started(int(name[1])) != int(name[2]))
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def _pgid(pid: int) -> int | None:
     try:
         return os.getpgid(pid)
@@ -82,6 +128,9 @@ class DoomMatch:
         self.conns: list = []
         self.pgids: list[int] = []
         self.work_dir: str | None = None
+        self.keeper: tuple[int, int] | None = None   # the keeper's pid and start time
+        self._keeper_stdin = None
+        self.isolated = False   # the running match has a network of its own
         self.info: list[dict] = []
         self.current_port: int | None = None   # the port of the running match
 
@@ -116,13 +165,15 @@ class DoomMatch:
     def _start_once(self, port: int) -> None:
         check_main_guarded("ViZDoom's player processes")
         ctx = mp.get_context("spawn")
-        self.work_dir = tempfile.mkdtemp(prefix="marlkit-doom-")
+        sweep_work_folders()
+        self.work_dir = tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}-{_started(os.getpid()) or 0}-")
         barrier = ctx.Barrier(self.players)
         try:
+            network = self._start_keeper()
             for i in range(self.players):
                 parent, child = ctx.Pipe()
                 s = replace(self.settings, player=i, port=port, work_dir=self.work_dir,
-                            barrier_timeout=self.timeout)
+                            barrier_timeout=self.timeout, network=network)
                 proc = ctx.Process(target=worker.run, args=(child, s, barrier, os.getpid()), daemon=True,
                                    name=f"marlkit-doom-{self.name.replace(' ', '')}-p{i}")
                 proc.start()
@@ -134,6 +185,54 @@ class DoomMatch:
         except BaseException:
             self.close()
             raise
+
+    def _start_keeper(self) -> tuple[int, int] | None:
+        """Start the match's keeper; (its pid, its network namespace) where the match has a network
+        of its own, else None, logged once per process with the reason."""
+        global _shared_because
+        command = [sys.executable, "-I", "-S", keeper.__file__, "keep", self.work_dir,
+                   "share" if _shared_because else "isolate"]
+        # started through a shell that leaves it at once, so that it is no child of this process:
+        # Ray kills the children of an actor that dies, and the keeper has to outlive it (the shell
+        # gives a job in the background /dev/null for stdin, unless told otherwise)
+        starter = subprocess.Popen(["/bin/sh", "-c", 'exec 3<&0; exec "$@" <&3 3<&- &', "sh", *command],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        starter.wait()
+        self._keeper_stdin = starter.stdin
+        ready, _, _ = select.select([starter.stdout], [], [], self.start_timeout)
+        answer = starter.stdout.readline().decode(errors="replace").split(maxsplit=2) if ready else []
+        starter.stdout.close()
+        if len(answer) < 2:
+            raise DoomPlayerError(f"{self.name}: the match's keeper process did not start within "
+                                  f"{self.start_timeout:g} s")
+        self.keeper = (int(answer[0]), _started(int(answer[0])))
+        self.isolated = answer[1] == "isolated"
+        if self.isolated:
+            return self.keeper[0], int(answer[2])
+        if _shared_because is None:
+            _shared_because = answer[2].strip() if len(answer) > 2 else "not permitted"
+            log.warning("ViZDoom's engines listen on UDP on every interface, and this system allows their matches "
+                        "no network of their own (%s): while a match runs, anyone who can reach this machine can "
+                        "reach its UDP ports and join it; allow user namespaces (sysctl user.max_user_namespaces, "
+                        "kernel.unprivileged_userns_clone) or firewall UDP from outside", _shared_because)
+        return None
+
+    def _stop_keeper(self) -> None:
+        if self._keeper_stdin is None:
+            return
+        self._keeper_stdin.close()   # its cue to go (and to remove what is left of the folder)
+        self._keeper_stdin = None
+        if self.keeper is not None:
+            pid, started = self.keeper
+            deadline = time.monotonic() + 5.0
+            while _state(pid) not in (None, "Z", "X") and _started(pid) == started:
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    break
+                time.sleep(0.01)
+        self.keeper = None
+        self.isolated = False
 
     def close(self, grace: float = 2.0) -> None:
         """Ask the workers to close their games; kill the process groups of what is left."""
@@ -156,6 +255,7 @@ class DoomMatch:
         if self.work_dir is not None:
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
+        self._stop_keeper()
 
     # ------------------------------------------------------------------ lockstep calls
 

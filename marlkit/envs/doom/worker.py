@@ -17,8 +17,11 @@ Lockstep: in a network game every engine needs every peer's input for each tic, 
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-This module imports neither torch nor marlkit beyond its sentinel and kill credit (a spawned worker still imports the
-``marlkit.envs`` package on the way here, but not torch or the agents).
+Where the match has a network of its own (``keeper.py``), the engine starts through a launcher
+that puts it there, so that its UDP socket is reachable from the match's players alone.
+
+This module imports neither torch nor marlkit beyond its sentinel, kill credit and keeper (a spawned
+worker still imports the ``marlkit.envs`` package on the way here, but not torch or the agents).
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from marlkit.envs.doom import keeper
 from marlkit.envs.doom.kill_credit import kills_variable
 from marlkit.envs.sentinel import kill_when_gone
 
@@ -65,6 +69,7 @@ class PlayerSettings:
     join_args: list[str] = field(default_factory=list)
     connect_timeout: int = 10
     barrier_timeout: float = 10.0
+    network: tuple[int, int] | None = None   # (keeper pid, namespace inode) the engine joins; None: the host's
 
 
 def log_path(work_dir: str, player: int) -> str:
@@ -99,6 +104,10 @@ def build_game(s: PlayerSettings):
     if s.skill is not None:
         game.set_doom_skill(s.skill)
     game.set_doom_config_path(os.path.join(player_dir(s.work_dir, s.player), "_vizdoom.ini"))
+    if s.network is not None:
+        engine = os.path.join(os.path.dirname(vzd.__file__), "vizdoom")
+        game.set_vizdoom_path(keeper.launcher(os.path.join(player_dir(s.work_dir, s.player), "engine"),
+                                              *s.network, engine))
     game.set_mode(vzd.Mode.PLAYER)   # some scenario files (cig, multi) set ASYNC_PLAYER
     game.set_window_visible(False)
     game.set_sound_enabled(False)

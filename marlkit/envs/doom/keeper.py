@@ -1,0 +1,127 @@
+"""The keeper of one Doom match: a small process that holds the match's network and work folder,
+and releases them however the process that owns the match ends.
+
+Network. ViZDoom's engine binds its UDP socket to every interface (``INADDR_ANY`` in ZDoom's
+``BindToLocalPort``, with no option to choose the address), so a host engine in the machine's own
+network can be reached, and joined, from anywhere that reaches the machine. The keeper therefore
+makes a network namespace with nothing in it but loopback, and every engine of the match joins it
+before it starts: the engines still bind ``0.0.0.0``, but that is the loopback of the match alone.
+A privileged process makes the namespace directly; any other one inside a user namespace of its
+own (which maps its own user only), where the system allows user namespaces.
+
+Work folder. The owner removes the folder when it closes the match; when the owner dies without
+closing (SIGKILL included) the keeper's stdin closes, and the keeper removes the folder.
+
+Run as a script, ``python -I -S keeper.py``, so that it imports the standard library alone: a
+process that makes or joins a user namespace must have a single thread, and importing numpy
+starts a second one.
+
+    keep <work_dir> <isolate|share>
+        Reports one line on stdout, ``<pid> isolated <inode of the namespace>`` or ``<pid> shared
+        <why>``, then waits for stdin to close and removes ``work_dir`` if it is still there.
+    enter <keeper pid> <namespace inode> <engine> [arguments]
+        Joins the keeper's namespace and executes the engine: a player's game starts its engine
+        through this (``DoomGame.set_vizdoom_path``).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import socket
+import struct
+import sys
+import time
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _isolate() -> int:
+    """Move this process into a new network namespace with loopback up; its inode."""
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNET) != 0:
+        uid, gid = os.geteuid(), os.getegid()
+        _check(libc.unshare(CLONE_NEWUSER | CLONE_NEWNET), "unshare")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        request = struct.pack("16sH22x", b"lo", 0)
+        flags = struct.unpack("16sH22x", fcntl.ioctl(sock, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+def _remove(work_dir: str) -> None:
+    # the players' watchdogs stop the engines within a fraction of a second of the owner's death;
+    # a file one of them writes meanwhile would keep the folder, so it is tried again
+    for delay in (0.0, 0.5, 1.0, 2.0):
+        if not os.path.isdir(work_dir):
+            return
+        time.sleep(delay)
+        shutil.rmtree(work_dir, ignore_errors=True)
+
+
+def keep(work_dir: str, isolate: bool) -> None:
+    try:
+        line = f"{os.getpid()} isolated {_isolate()}" if isolate else f"{os.getpid()} shared"
+    except OSError as exc:
+        line = f"{os.getpid()} shared {exc.strerror or exc}"
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+    while sys.stdin.buffer.read(4096):
+        pass
+    _remove(work_dir)
+
+
+def enter(keeper: int, inode: int, argv: list[str]) -> None:
+    user = os.open(f"/proc/{keeper}/ns/user", os.O_RDONLY)
+    net = os.open(f"/proc/{keeper}/ns/net", os.O_RDONLY)
+    if os.fstat(net).st_ino != inode:   # the keeper is gone and its pid reused
+        raise OSError(errno.ESRCH, f"the match's keeper (pid {keeper}) is gone")
+    libc = _libc()
+    if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
+        _check(libc.setns(user, CLONE_NEWUSER), "setns (user namespace)")
+    _check(libc.setns(net, CLONE_NEWNET), "setns (network namespace)")
+    os.close(user)
+    os.close(net)
+    os.execv(argv[0], argv)
+
+
+def launcher(path: str, keeper: int, inode: int, engine: str) -> str:
+    """Write an executable at ``path`` that starts ``engine`` in the keeper's namespace."""
+    import shlex
+    words = [sys.executable, "-I", "-S", os.path.abspath(__file__), "enter", str(keeper), str(inode), engine]
+    _write(path, "#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words) + ' "$@"\n')
+    os.chmod(path, 0o700)
+    return path
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "keep":
+        keep(sys.argv[2], sys.argv[3] == "isolate")
+    else:
+        try:
+            enter(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+        except OSError as exc:
+            sys.stderr.write(f"marlkit: the engine cannot join its match's network namespace: {exc}\n")
+            sys.exit(1)
