@@ -218,25 +218,50 @@ def test_a_broken_scene_is_a_clear_error_within_the_timeout_and_leaves_no_proces
 
 
 def test_a_missing_build_is_named():
-    with pytest.raises(UnityEnvError, match="env.file_name='/no/such/build'"):
+    """Also for an env built directly, which no config check saw: the launch refuses it."""
+    with pytest.raises(ConfigError, match="env.file_name='/no/such/build': no Unity build there"):
         UnityEnv(UnityConfig(file_name="/no/such/build", timeout_wait=3))
 
 
-@pytest.mark.parametrize("problem", ["missing", "not executable"])
+NOT_A_BUILD = "touch {marker}\n"   # a text file with the run bit: /bin/sh would run it as commands
+
+
+@pytest.mark.parametrize("problem", ["missing", "not executable", "not a build"])
 def test_a_bad_build_path_is_a_config_error_in_one_line_before_any_launch(tmp_path, problem):
-    """From the command line: exit 2, one line naming env.file_name and the fix, no run directory."""
+    """From the command line: exit 2, one line naming env.file_name and the fix, no run directory,
+    and nothing of the file run."""
     import subprocess
-    build = tmp_path / "Game.x86_64"
+    build, marker = tmp_path / "Game.x86_64", tmp_path / "ran"
     if problem == "not executable":
         build.write_text("#!/bin/sh\nexec sleep 100\n")
+    elif problem == "not a build":
+        build.write_text(NOT_A_BUILD.format(marker=marker))
+        build.chmod(0o755)
     out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
                           "--set", f"env.file_name={build}", f"runner.run_root={tmp_path / 'runs'}"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert f"env.file_name={str(build)!r}" in line
-    assert ("no Unity build there" in line) if problem == "missing" else ("chmod +x" in line)
-    assert not (tmp_path / "runs").exists()
+    assert {"missing": "no Unity build there", "not executable": "chmod +x",
+            "not a build": "is not a build (neither an executable program nor a script starting with #!)"}[problem] \
+        in line, line
+    assert not (tmp_path / "runs").exists() and not marker.exists()
+
+
+def test_a_file_that_is_not_a_build_is_refused_at_launch_too(tmp_path):
+    """An env built directly (no config check; or a file changed since): the launch refuses it
+    and runs nothing. Programs (ELF) and #! scripts are builds."""
+    from marlkit.envs.unity.player import launch_path
+
+    build, marker = tmp_path / "Game.x86_64", tmp_path / "ran"
+    build.write_text(NOT_A_BUILD.format(marker=marker))
+    build.chmod(0o755)
+    with pytest.raises(ConfigError, match=r"is not a build .*point it at the build's executable"):
+        UnityEnv(UnityConfig(file_name=str(build), timeout_wait=3))
+    time.sleep(0.5)
+    assert not marker.exists()
+    assert launch_path(sys.executable) == sys.executable and launch_path(STANDIN) == STANDIN
 
 
 def test_on_a_ray_cluster_training_needs_the_build_on_the_nodes_only():

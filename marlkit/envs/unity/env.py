@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import socket
 from dataclasses import dataclass, field
@@ -247,16 +246,11 @@ class UnityEnv(MultiAgentEnv):
 
     @staticmethod
     def _check_build(file_name: str) -> None:
-        """A build that is not there, or not executable, is a configuration error found before any
-        launch (ML-Agents' own lookup, which also tries the platform's extensions)."""
+        """A build that is not there, not executable, or not a program at all is a configuration
+        error found before any launch."""
         _import_mlagents()
-        from mlagents_envs.env_utils import validate_environment_path
-        launch = validate_environment_path(file_name)
-        if launch is None:
-            raise ConfigError(f"env.file_name={file_name!r}: no Unity build there (also tried with .x86_64 and "
-                              ".x86); point it at the build's executable, or set it to null to train in the Editor")
-        if not os.access(launch, os.X_OK):
-            raise ConfigError(f"env.file_name={file_name!r}: {launch} is not executable; chmod +x it")
+        from marlkit.envs.unity.player import launch_path
+        launch_path(file_name)
 
     def __init__(self, cfg: UnityConfig, index: int = 0):
         _import_mlagents()

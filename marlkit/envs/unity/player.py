@@ -16,16 +16,41 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 import weakref
 
 from mlagents_envs import env_utils
 from mlagents_envs.environment import UnityEnvironment
-from mlagents_envs.exception import UnityEnvironmentException
 
 from marlkit.envs import processes
+from marlkit.errors import ConfigError
 
 EXIT_GRACE = 5.0   # seconds a scene gets to quit on its own at interpreter exit
+# The first bytes of a file the launch wrapper may exec: a native executable or a script naming its
+# interpreter. Anything else (a text file with the run bit) would be run by /bin/sh as commands.
+_LAUNCHABLE = (b"\x7fELF", b"#!") + ((b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
+                                     if sys.platform == "darwin" else ())   # Mach-O, inside a .app
+
+
+def launch_path(file_name: str) -> str:
+    """The executable of the build ``file_name`` (ML-Agents' own lookup, which also tries the
+    platform's extensions), or a :class:`ConfigError` naming ``env.file_name`` and the fix."""
+    launch = env_utils.validate_environment_path(file_name)
+    if launch is None:
+        raise ConfigError(f"env.file_name={file_name!r}: no Unity build there (also tried with .x86_64 and "
+                          ".x86); point it at the build's executable, or set it to null to train in the Editor")
+    if not os.access(launch, os.X_OK):
+        raise ConfigError(f"env.file_name={file_name!r}: {launch} is not executable; chmod +x it")
+    header = b""
+    if os.path.isfile(launch):
+        with open(launch, "rb") as file:
+            header = file.read(4)
+    if not header.startswith(_LAUNCHABLE):
+        raise ConfigError(f"env.file_name={file_name!r}: {launch} is not a build (neither an executable program "
+                          "nor a script starting with #!); point it at the build's executable, e.g. "
+                          "builds/SoccerTwos.x86_64")
+    return launch
 
 
 class Player(UnityEnvironment):
@@ -46,15 +71,11 @@ class Player(UnityEnvironment):
         _LIVE.add(self)
 
     def _send_academy_parameters(self, init_parameters):
-        # the server listens by now: the player may connect as soon as it runs
+        # the server listens by now: the player may connect as soon as it runs; the build is checked
+        # again here, for a file that changed since the config was checked or was never checked
+        # (an env built directly, or on a Ray node)
         if self._build is not None:
-            launch_string = env_utils.validate_environment_path(self._build)
-            if launch_string is None:
-                raise UnityEnvironmentException(f"Couldn't launch the {self._build} environment. "
-                                                "Provided filename does not match any environments.")
-            if not os.access(launch_string, os.X_OK):
-                raise UnityEnvironmentException(f"{launch_string} is not executable; chmod +x it")
-            self._process = processes.launch([launch_string, *self._executable_args()])
+            self._process = processes.launch([launch_path(self._build), *self._executable_args()])
         return super()._send_academy_parameters(init_parameters)
 
     def _close(self, timeout: float | None = None) -> None:
