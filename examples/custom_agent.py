@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from marlkit.agents.mappo import MAPPO
-from marlkit.config import OnPolicyConfig
+from marlkit.agents.on_policy import OnPolicyConfig
 from marlkit.registry import register_agent
 
 
@@ -34,10 +34,10 @@ class EntropyDecayMAPPO(MAPPO):
         super().__init__(*args, **kwargs)
         self.start_entropy_coef = self.cfg.entropy_coef
 
-    def update(self, bootstrap, progress=None):
+    def update(self, batch, progress=None):
         done = progress.fraction / self.cfg.decay_until if progress is not None and self.cfg.decay_until else 0.0
         self.cfg.entropy_coef = self.start_entropy_coef * max(1.0 - done, 0.0)
-        metrics = super().update(bootstrap, progress)
+        metrics = super().update(batch, progress)
         metrics["entropy_coef"] = self.cfg.entropy_coef
         return metrics
 

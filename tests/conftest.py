@@ -80,3 +80,21 @@ def assert_close_training(a, b, group: str = "agents", rel: float = 1e-4) -> Non
     wb = torch.load(b.run_dir / "latest.pt", weights_only=False)["groups"][group]["modules"]
     for name in wa:
         torch.testing.assert_close(wa[name], wb[name], rtol=rel, atol=1e-6, msg=name)
+
+
+def learn_from(agent, transitions, bootstrap, progress=None) -> dict:
+    """``agent.update`` on a rollout of ``transitions`` (one per step, ``[E, A, ...]``) and the
+    ``bootstrap`` after them, stored as the collector stores them."""
+    from marlkit.storage import Collected, StorageLayout
+    num_envs = len(transitions[0].agent_mask)
+    storage = agent.make_storage(StorageLayout(agent.group, agent.env, num_envs, len(transitions)))
+    rollout = storage.next_rollout()
+    for transition in transitions:
+        rollout.add(transition)
+    return agent.update(storage.finish(Collected(rollout, bootstrap)), progress)
+
+
+def empty_rollout(agent, num_envs: int, horizon: int):
+    """The rollout ``agent``'s storage gives a collect of ``num_envs`` envs and ``horizon`` steps."""
+    from marlkit.storage import StorageLayout
+    return agent.make_storage(StorageLayout(agent.group, agent.env, num_envs, horizon)).next_rollout()

@@ -12,7 +12,7 @@ from mpe2 import simple_spread_v3
 
 def _agent(name, env, **cfg_overrides):
     cfg = build_config(name, "mpe_spread", **cfg_overrides)
-    return get_agent(name)(env.groups["agents"], env.spec.state_shape, cfg.agents[name], num_envs=2, horizon=25)
+    return get_agent(name)(env.groups["agents"], env.spec, cfg.agents[name])
 
 
 def test_mappo_critic_sees_state_and_ippo_critic_sees_obs():
@@ -68,8 +68,8 @@ def test_gru_policy_trains_on_chunks_and_resets_hidden_state(tiny):
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
     cfg = build_config("MAPPO", "mpe_spread", **{k: v for k, v in overrides.items()
                                                  if k.startswith("agents.") or k == "runner.horizon"})
-    agent = get_agent("MAPPO")(env.groups["agents"], env.spec.state_shape, cfg.agents["MAPPO"], 1, 50)
-    assert agent.recurrent and agent.chunk_length == 10
+    agent = get_agent("MAPPO")(env.groups["agents"], env.spec, cfg.agents["MAPPO"])
+    assert agent.recurrent and agent.chunk_length(50) == 10
     gru = agent.modules["actor"]
     x = torch.randn(4, 3, 21)
     start = torch.tensor([[False] * 3, [False] * 3, [True] * 3, [False] * 3])
@@ -104,8 +104,8 @@ def test_agent_settings_that_cannot_work_fail_before_any_env(overrides, message)
 def test_gru_default_chunk_is_the_whole_rollout():
     cfg = build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.actor.name": "gru"})
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
-    agent = get_agent("MAPPO")(env.groups["agents"], env.spec.state_shape, cfg.agents["MAPPO"], 1, 25)
-    assert agent.chunk_length == 25
+    agent = get_agent("MAPPO")(env.groups["agents"], env.spec, cfg.agents["MAPPO"])
+    assert agent.chunk_length(25) == 25
 
 
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])
@@ -127,11 +127,11 @@ def test_linear_lr_schedule_falls_from_each_groups_lr_to_zero_at_total_steps(nam
     agent = _agent(name, env, **{f"agents.{name}.lr_schedule": "linear", f"agents.{name}.critic_lr": 1e-3})
     assert agent.base_lrs == [agent.cfg.lr, 1e-3]
     per_update = 25 * 2
-    assert agent.lr_scale(Progress(per_update, 4 * per_update)) == 1.0            # the first update: full lr
-    assert agent.lr_scale(Progress(3 * per_update, 4 * per_update)) == pytest.approx(0.5)
-    assert agent.lr_scale(Progress(4 * per_update, 4 * per_update)) == pytest.approx(0.25)
+    assert agent.lr_scale(Progress(per_update, 4 * per_update), per_update) == 1.0            # the first update: full lr
+    assert agent.lr_scale(Progress(3 * per_update, 4 * per_update), per_update) == pytest.approx(0.5)
+    assert agent.lr_scale(Progress(4 * per_update, 4 * per_update), per_update) == pytest.approx(0.25)
     constant = _agent(name, env)
-    assert constant.lr_scale(Progress(4 * per_update, 4 * per_update)) == 1.0
+    assert constant.lr_scale(Progress(4 * per_update, 4 * per_update), per_update) == 1.0
     # in a run of 4 rollouts of 50 env steps the updates take 1, 0.75, 0.5 and 0.25 of the lr
     result = marlkit.run(agent=name, env="mpe_spread", seed=1, logger="none", **{
         f"agents.{name}.lr_schedule": "linear", "runner.parallels": 2, "runner.total_steps": 200,

@@ -6,9 +6,11 @@ import torch
 
 import marlkit
 from conftest import assert_same_training
-from marlkit.agents.base import Bootstrap, CheckpointMismatchError
-from marlkit.buffers import Transition
-from marlkit.agents.coma import COMA, counterfactual_advantage, td_lambda_targets
+from conftest import learn_from
+from marlkit.agents.coma import COMA, counterfactual_advantage
+from marlkit.errors import CheckpointMismatchError
+from marlkit.storage import Bootstrap, Transition
+from marlkit.storage.returns import td_lambda_targets
 from marlkit.api import build_config
 from marlkit.config import ConfigError
 from marlkit.envs.factory import make_env_vector
@@ -21,7 +23,7 @@ from test_masks import _corrupt, _rollout
 def _spread_agent(num_envs=2, **overrides):
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
     cfg = build_config("COMA", "mpe_spread", **overrides)
-    return COMA(env.groups["agents"], env.spec.state_shape, cfg.agents["COMA"], num_envs, 25, seed=3), env
+    return COMA(env.groups["agents"], env.spec, cfg.agents["COMA"], seed=3), env
 
 
 def _scripted(n_envs, horizon, **overrides):
@@ -30,8 +32,7 @@ def _scripted(n_envs, horizon, **overrides):
     cfg.env = PettingZooEnv.config_cls(factory="toy_envs:scripted", kwargs={"length": 10})
     cfg.runner.parallels = n_envs
     venv = make_env_vector(cfg.env, cfg.runner)
-    make = lambda: COMA(venv.spec.groups["agents"], venv.spec.state_shape, cfg.agents["COMA"], n_envs,  # noqa: E731
-                        horizon, seed=5)
+    make = lambda: COMA(venv.spec.groups["agents"], venv.spec, cfg.agents["COMA"], seed=5)  # noqa: E731
     return make, venv
 
 
@@ -142,17 +143,15 @@ def test_masked_slots_never_affect_learning():
         transitions, bootstrap = _rollout(clean, venv, 16, seed=1)
     finally:
         venv.close()
-    assert sum((~t.agent_mask).sum() for t in transitions) > 10 and clean.buffer.step == 0
+    assert sum((~t.agent_mask).sum() for t in transitions) > 10
     # the bootstrap and the finals are valued at joint actions drawn from the agent's generator
     dirty.generator.set_state(clean.generator.get_state())
     rng = np.random.default_rng(0)
-    for tr in transitions:
-        clean.store(tr)
-        dirty.store(_corrupt(tr, rng))
-    assert clean.buffer.finals                                    # truncation finals are valued too
+    assert any((t.truncated & ~t.terminated).any() for t in transitions)   # truncation finals are valued too
     bad = bootstrap.__class__(bootstrap.obs.copy(), bootstrap.state, bootstrap.agent_mask, bootstrap.action_mask, None)
     bad.obs[~bad.agent_mask] = 777.0
-    m_clean, m_dirty = clean.update(bootstrap), dirty.update(bad)
+    m_clean = learn_from(clean, transitions, bootstrap)
+    m_dirty = learn_from(dirty, [_corrupt(tr, rng) for tr in transitions], bad)
     for k in m_clean:
         assert m_clean[k] == pytest.approx(m_dirty[k], rel=1e-5, abs=1e-7), k
     for (name, p), q in zip(clean.modules.named_parameters(), dirty.modules.parameters()):
@@ -170,9 +169,7 @@ def test_target_critic_lags_and_syncs_every_n_updates():
     try:
         for update in range(1, 7):
             transitions, bootstrap = _rollout(agent, venv, 10, seed=update)
-            for tr in transitions:
-                agent.store(tr)
-            agent.update(bootstrap)
+            learn_from(agent, transitions, bootstrap)
             critic, target = params("critic"), params("target_critic")
             if update % 3:
                 assert not torch.equal(critic, target), update                 # lags behind...
@@ -310,23 +307,23 @@ def test_truncated_episodes_are_valued_at_legal_joint_actions():
     cfg.env = PettingZooEnv.config_cls(factory="toy_envs:masked_choice", kwargs={"length": 5})
     cfg.runner.parallels = 4
     venv = make_env_vector(cfg.env, cfg.runner)
-    agent = _Recording(venv.spec.groups["agents"], venv.spec.state_shape, cfg.agents["COMA"], 4, 10, seed=5)
+    agent = _Recording(venv.spec.groups["agents"], venv.spec, cfg.agents["COMA"], seed=5)
     agent.picked = []
-    finals = []
+    finals, transitions = [], []
     try:
         obs = venv.reset(seed=1)
         for _ in range(10):
             out = agent.act(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"], None)
             res = venv.step({"agents": out.actions})
-            agent.store(Transition(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
+            transitions.append(Transition(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
                                    out.actions, out.log_prob, out.value, res.reward["agents"],
                                    res.terminated["agents"], res.truncated["agents"], res.episode_end,
                                    res.final.obs["agents"], res.final.state,
                                    final_action_mask=res.final.action_mask["agents"]))
             finals += [res.final.action_mask["agents"][e] for e in np.flatnonzero(res.episode_end)]
             obs = res.next
-        agent.update(Bootstrap(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
-                               None))
+        learn_from(agent, transitions, Bootstrap(obs.obs["agents"], obs.state, obs.agent_mask["agents"],
+                                                 obs.action_mask["agents"], None))
     finally:
         venv.close()
     assert len(finals) == 8                                  # two 5-step episodes in each of 4 envs
@@ -345,11 +342,9 @@ def test_the_target_critic_keeps_the_scale_it_was_trained_under():
         transitions, bootstrap = _rollout(agent, venv, 10, seed=1)
     finally:
         venv.close()
-    for tr in transitions:
-        agent.store(tr)
-    agent.update(bootstrap)                                   # trains, then syncs the target critic
-    buf = agent.buffer
-    args = [x.reshape(20, *x.shape[2:]) for x in (buf.state, buf.obs, buf.actions, buf.agent_mask)]
+    learn_from(agent, transitions, bootstrap)                 # trains, then syncs the target critic
+    args = [np.stack([getattr(t, name) for t in transitions]).reshape(20, *getattr(transitions[0], name).shape[1:])
+            for name in ("state", "obs", "actions", "agent_mask")]
     before = agent._target_q_taken(*args)
     agent.value_norm.update(torch.full((50,), 1000.0))        # the next rollout's returns move the normaliser
     torch.testing.assert_close(torch.from_numpy(agent._target_q_taken(*args)), torch.from_numpy(before))

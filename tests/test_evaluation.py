@@ -74,8 +74,8 @@ def test_the_random_baseline_does_not_replay_an_untrained_policys_moves():
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
     group, E = env.groups["agents"], 64
     cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
-    policy = get_agent("MAPPO")(group, env.spec.state_shape, cfg, num_envs=E, horizon=25)
-    random = get_agent("random")(group, env.spec.state_shape, get_agent("random").config_cls(), E, 25)
+    policy = get_agent("MAPPO")(group, env.spec, cfg)
+    random = get_agent("random")(group, env.spec, get_agent("random").config_cls())
     rng = np.random.default_rng(0)
     obs = rng.standard_normal((E, 3, 18)).astype(np.float32)
     state = obs.reshape(E, -1)

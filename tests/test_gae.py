@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from marlkit.buffers import compute_gae
+from marlkit.storage.returns import compute_gae
 
 G, L = 0.9, 0.8
 
@@ -104,7 +104,7 @@ def test_edge_discounts(gamma):
 
 
 def test_bootstrap_of_slots_absent_after_the_rollout():
-    from marlkit.buffers import last_present_value
+    from marlkit.storage.returns import last_present_value
     value = np.arange(12, dtype=np.float32).reshape(4, 1, 3)
     mask = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 0]], bool).reshape(4, 1, 3)
     # slot 0 last present at t=1 (value 3), slot 1 at t=2 (value 7), slot 2 never (0)

@@ -7,9 +7,9 @@ import torch
 from gymnasium import spaces
 
 import marlkit
-from marlkit.agents.base import Bootstrap
+from conftest import learn_from
 from marlkit.api import build_config
-from marlkit.buffers import Transition
+from marlkit.storage import Bootstrap, Transition
 from marlkit.envs.factory import make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.networks.distributions import Categorical, MultiCategorical
@@ -54,7 +54,7 @@ def test_logged_returns_count_present_steps_only():
 
 
 def _rollout(agent, venv, horizon, seed):
-    """Collect one rollout into ``agent`` and return the transitions and the bootstrap."""
+    """Act for one rollout with ``agent``; -> its transitions and the bootstrap after them."""
     obs = venv.reset(seed=seed)
     transitions = []
     for _ in range(horizon):
@@ -88,8 +88,7 @@ def test_masked_slots_never_affect_learning(agent_name):
     cfg.runner.parallels = 3
     venv = make_env_vector(cfg.env, cfg.runner)
     spec = venv.spec
-    make = lambda: get_agent(agent_name)(spec.groups["agents"], spec.state_shape, cfg.agents[agent_name], 3, 16,  # noqa: E731
-                                         seed=5)
+    make = lambda: get_agent(agent_name)(spec.groups["agents"], spec, cfg.agents[agent_name], seed=5)  # noqa: E731
     clean, dirty = make(), make()
     dirty.load_state_dict(clean.state_dict())
     try:
@@ -98,12 +97,10 @@ def test_masked_slots_never_affect_learning(agent_name):
         venv.close()
     assert sum((~t.agent_mask).sum() for t in transitions) > 10   # the rollout really has absent slots
     rng = np.random.default_rng(0)
-    for tr in transitions:
-        clean.store(tr)
-        dirty.store(_corrupt(tr, rng))
     bad_bootstrap = copy.deepcopy(bootstrap)
     bad_bootstrap.obs[~bad_bootstrap.agent_mask] = 777.0
-    m_clean, m_dirty = clean.update(bootstrap), dirty.update(bad_bootstrap)
+    m_clean = learn_from(clean, transitions, bootstrap)
+    m_dirty = learn_from(dirty, [_corrupt(tr, rng) for tr in transitions], bad_bootstrap)
     assert m_clean.keys() == m_dirty.keys()
     for k in m_clean:
         assert m_clean[k] == pytest.approx(m_dirty[k], rel=1e-5, abs=1e-7), k

@@ -6,23 +6,23 @@ from gymnasium import spaces
 
 import marlkit
 from conftest import assert_same_training
-from marlkit.agents.base import CheckpointMismatchError
+from marlkit.errors import CheckpointMismatchError
 from marlkit.agents.mat import MAT, MATConfig
 from marlkit.api import build_config
 from marlkit.config import ConfigError
-from marlkit.spec import GroupSpec
+from marlkit.spec import EnvSpec, GroupSpec
 
 SPACES = {"discrete": spaces.Discrete(5), "multidiscrete": spaces.MultiDiscrete([3, 4]),
           "box": spaces.Box(-1, 1, (2,), np.float32)}
 OBS_DIM = 6
 
 
-def make_agent(n_agents: int, space=SPACES["discrete"], num_envs: int = 64, seed: int = 0, scale: float = 0.5,
-               **cfg) -> MAT:
+def make_agent(n_agents: int, space=SPACES["discrete"], seed: int = 0, scale: float = 0.5, **cfg) -> MAT:
     """A MAT whose weights are redrawn with std ``scale``: the paper's small output gains make an
     untrained network nearly uniform, which would hide what the tests look for."""
     group = GroupSpec("g", [f"a_{i}" for i in range(n_agents)], spaces.Box(-5, 5, (OBS_DIM,), np.float32), space)
-    agent = MAT(group, (1,), MATConfig(**{"n_block": 2, "n_embd": 32, "n_head": 4, **cfg}), num_envs, 8, seed=seed)
+    agent = MAT(group, EnvSpec({"g": group}, (1,)), MATConfig(**{"n_block": 2, "n_embd": 32, "n_head": 4, **cfg}),
+                seed=seed)
     if scale:
         g = torch.Generator().manual_seed(seed + 100)
         with torch.no_grad():
@@ -92,7 +92,7 @@ def test_changing_an_action_changes_only_the_agents_decoded_after_it():
 def test_a_dead_agent_in_the_middle_changes_nothing_for_the_others():
     """Slot 1 of 4 is dead (garbage observation, garbage action): the others are decoded and valued
     exactly as by the same network on a group of 3 without it, sampling and teacher forcing."""
-    four, three = make_agent(4, num_envs=16), make_agent(3, num_envs=16, scale=0)
+    four, three = make_agent(4), make_agent(3, scale=0)
     three.modules.load_state_dict(four.modules.state_dict())
     rng = np.random.default_rng(3)
     obs, _, action_mask = random_inputs(four, 16, rng)
@@ -120,7 +120,7 @@ def test_a_dead_agent_in_the_middle_changes_nothing_for_the_others():
 def test_masked_actions_are_never_sampled(space):
     """The head's bias favours action 0 (of every branch) by 20 nats; where it is masked it must
     still never come out, over 5,120 draws per setting, nor as the greedy action."""
-    agent = make_agent(4, SPACES[space], num_envs=128)
+    agent = make_agent(4, SPACES[space])
     head = agent.modules["head"].linear
     with torch.no_grad():
         starts = np.cumsum([0] + list(getattr(agent.group.action_space, "nvec", [5])))[:-1]
@@ -140,7 +140,7 @@ def test_masked_actions_are_never_sampled(space):
 
 
 def test_one_network_serves_a_group_of_any_size():
-    small, large = make_agent(3, num_envs=8), make_agent(24, num_envs=8, scale=0)
+    small, large = make_agent(3), make_agent(24, scale=0)
     large.modules.load_state_dict(small.modules.state_dict())
     rng = np.random.default_rng(5)
     obs, present, action_mask = random_inputs(large, 8, rng)
@@ -151,13 +151,13 @@ def test_one_network_serves_a_group_of_any_size():
 
 
 def test_save_and_load_round_trip(tmp_path):
-    agent = make_agent(3, num_envs=8)
+    agent = make_agent(3)
     rng = np.random.default_rng(6)
     obs, present, action_mask = random_inputs(agent, 8, rng)
     act(agent, obs, present, action_mask)          # move the sampling generator along
     agent.save(tmp_path / "mat.pt")
     expected = act(agent, obs, present, action_mask)
-    other = make_agent(3, num_envs=8, seed=9)
+    other = make_agent(3, seed=9)
     other.load(tmp_path / "mat.pt")
     for name, value in agent.modules.state_dict().items():
         torch.testing.assert_close(other.modules.state_dict()[name], value, rtol=0, atol=0, msg=name)
@@ -242,12 +242,13 @@ def test_masked_slots_never_affect_learning():
 
     from marlkit.envs.factory import make_env_vector
     from marlkit.envs.pettingzoo import PettingZooEnv
+    from conftest import learn_from
     from test_masks import _corrupt, _rollout
     cfg = build_config("MAT", "mpe_spread", **{"agents.MAT.epochs": 2})
     cfg.env = PettingZooEnv.config_cls(factory="toy_envs:scripted", kwargs={"length": 10})
     cfg.runner.parallels = 3
     venv = make_env_vector(cfg.env, cfg.runner)
-    make = lambda: MAT(venv.spec.groups["agents"], venv.spec.state_shape, cfg.agents["MAT"], 3, 16, seed=5)  # noqa: E731
+    make = lambda: MAT(venv.spec.groups["agents"], venv.spec, cfg.agents["MAT"], seed=5)  # noqa: E731
     clean, dirty = make(), make()
     try:
         transitions, bootstrap = _rollout(clean, venv, 16, seed=1)
@@ -255,12 +256,10 @@ def test_masked_slots_never_affect_learning():
         venv.close()
     assert sum((~t.agent_mask).sum() for t in transitions) > 10
     rng = np.random.default_rng(0)
-    for tr in transitions:
-        clean.store(tr)
-        dirty.store(_corrupt(tr, rng))
     bad_bootstrap = copy.deepcopy(bootstrap)
     bad_bootstrap.obs[~bad_bootstrap.agent_mask] = 777.0
-    m_clean, m_dirty = clean.update(bootstrap), dirty.update(bad_bootstrap)
+    m_clean = learn_from(clean, transitions, bootstrap)
+    m_dirty = learn_from(dirty, [_corrupt(tr, rng) for tr in transitions], bad_bootstrap)
     for k in m_clean:
         assert m_clean[k] == pytest.approx(m_dirty[k], rel=1e-5, abs=1e-7), k
     for (name, p), q in zip(clean.modules.named_parameters(), dirty.modules.parameters()):

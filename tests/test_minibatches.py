@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from marlkit.buffers import minibatches
+from marlkit.storage import minibatches
 
 
 def _rollout(T: int = 6, E: int = 4, A: int = 3) -> dict[str, np.ndarray]:

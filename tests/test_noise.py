@@ -89,8 +89,7 @@ def _acting_pair(agent):
     finally:
         venv.close()
     spec = venv.spec
-    one = get_agent(agent)(spec.groups["agents"], spec.state_shape, cfg.agents[agent], 6, 25, seed=3,
-                           state_dtype=spec.state_dtype, state_from_obs=spec.state_from_obs)
+    one = get_agent(agent)(spec.groups["agents"], spec, cfg.agents[agent], seed=3)
     return one, copy.deepcopy(one), obs
 
 

@@ -34,11 +34,11 @@ class LagProbe(MAPPO):
         out.extras["acted_with"] = np.full(out.log_prob.shape, _checksum(self))
         return out
 
-    def update(self, *args, **kwargs):
+    def update(self, batch, progress=None):
         if not LagProbe.updated:
             LagProbe.updated.append(_checksum(self))   # the initial weights, "update -1"
-        LagProbe.collected_with.append(set(self.buffer.extras["acted_with"].ravel().tolist()))
-        metrics = super().update(*args, **kwargs)
+        LagProbe.collected_with.append(set(batch.rollout.extras["acted_with"].ravel().tolist()))
+        metrics = super().update(batch, progress)
         LagProbe.updated.append(_checksum(self))
         return metrics
 
@@ -71,8 +71,7 @@ def test_an_overlapped_run_resumes_exactly_with_its_next_rollout_saved(tiny, age
     full = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**common, "runner.total_steps": 1200})
     half = marlkit.run(agent=agent, env="mpe_spread", seed=4, **{**common, "runner.total_steps": 600})
     state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
-    assert state["steps"] == 600 and state["pending"]
-    assert state["behaviour"]["agents"]["buffer"].full
+    assert state["steps"] == 600 and state["pending"]["agents"].rollout.full
     resumed = marlkit.run(mode="train", resume=str(half.run_dir), **{"runner.total_steps": 1200})
     assert resumed.run_dir == half.run_dir and resumed.steps == 1200
     assert_same_training(full, resumed)

@@ -8,6 +8,7 @@ from pettingzoo import ParallelEnv
 from torch.utils.flop_counter import FlopCounterMode
 
 import marlkit
+from conftest import empty_rollout
 from marlkit.api import build_config
 from marlkit.config import ModelConfig
 from marlkit.envs.factory import make_env, make_env_vector
@@ -15,7 +16,7 @@ from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.errors import ConfigError
 from marlkit.networks.pooled import PooledValueHead
 from marlkit.registry import get_agent
-from marlkit.spec import GroupSpec
+from marlkit.spec import EnvSpec, GroupSpec
 from mpe2 import simple_spread_v3
 
 
@@ -30,22 +31,23 @@ def _mappo(group, state_shape, state_from_obs, **cfg):
     agent_cfg.critic_input = "auto"   # the default; mpe_spread.yaml names its compact state
     for key, value in cfg.items():
         setattr(agent_cfg, key, value)
-    return get_agent("MAPPO")(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0,
-                              state_from_obs=state_from_obs)
+    return get_agent("MAPPO")(group, EnvSpec({group.name: group}, state_shape, state_from_obs=state_from_obs),
+                              agent_cfg, seed=0)
 
 
 def test_auto_pools_where_the_state_was_built_from_observations_and_stores_no_state():
     group = _group((18,), 3)
     pooled = _mappo(group, (54,), state_from_obs=True)
     assert isinstance(pooled.modules["critic_head"], PooledValueHead)
-    assert pooled.buffer.state.nbytes == 0                                   # the state is not stored
+    assert empty_rollout(pooled, 2, 4).state.nbytes == 0                     # the state is not stored
     assert "critic" not in pooled.modules                                    # critic_encoder auto: the actor's
     own = _mappo(group, (54,), state_from_obs=True, critic_encoder="own")
     assert own.modules["critic"].net[0].normalized_shape == (18,)      # one agent's obs (its id joins the head)
     recurrent = _mappo(group, (54,), state_from_obs=True, actor=ModelConfig(name="gru"))
     assert recurrent.modules["critic"].net[0].normalized_shape == (18,)      # auto: its own beside a gru actor
     own = _mappo(group, (54,), state_from_obs=False)                         # the env's own state()
-    assert own.modules["critic"].net[0].normalized_shape == (54 + 3,) and own.buffer.state.shape == (4, 2, 54)
+    assert own.modules["critic"].net[0].normalized_shape == (54 + 3,)
+    assert empty_rollout(own, 2, 4).state.shape == (4, 2, 54)
     named = _mappo(group, (54,), state_from_obs=True, critic_input="state")  # the concatenation, by name
     assert named.modules["critic"].net[0].normalized_shape == (54 + 3,)
     assert isinstance(_mappo(group, (54,), state_from_obs=False, critic_input="pooled").modules["critic_head"],
@@ -195,8 +197,9 @@ def _image_agent(agent_name: str, critic: str | None, n_agents: int = 8):
     if critic:
         agent_cfg.critic_input = "pooled" if critic == "shared" else critic
         agent_cfg.critic_encoder = "actor" if critic == "shared" else "own"
-    return get_agent(agent_name)(_group((13, 13, 5), n_agents, np.uint8), (5 * n_agents, 13, 13), agent_cfg,
-                                 num_envs=4, horizon=6, seed=0, state_from_obs=True)
+    group = _group((13, 13, 5), n_agents, np.uint8)
+    return get_agent(agent_name)(group, EnvSpec({group.name: group}, (5 * n_agents, 13, 13), state_from_obs=True),
+                                 agent_cfg, seed=0)
 
 
 def _image_batch(n_agents: int, absent_share: float) -> dict[str, torch.Tensor]:
@@ -222,16 +225,16 @@ def test_absent_slots_are_skipped_with_the_same_loss_and_gradients(agent_name, c
     present = batch["agent_mask"]
 
     def loss_and_grads(skip: bool):
-        encode = type(agent).encode_agents
-        agent.encode_agents = lambda *args, present=None, **kw: encode(agent, *args, present=present if skip else None,
-                                                                       **kw)
+        actor = agent.actor
+        encode = type(actor).encode
+        actor.encode = lambda *args, present=None, **kw: encode(actor, *args, present=present if skip else None, **kw)
         agent.modules.zero_grad(set_to_none=True)
         try:
             with FlopCounterMode(display=False) as counter:
                 loss, _ = agent.loss(batch)
                 loss.backward()
         finally:
-            del agent.encode_agents
+            del actor.encode
         return loss.detach(), [p.grad.clone() for p in agent.modules.parameters() if p.grad is not None], \
             counter.get_total_flops()
 

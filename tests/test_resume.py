@@ -9,7 +9,7 @@ import torch
 import marlkit
 from conftest import assert_same_training
 from marlkit.config import ConfigError
-from marlkit.agents.base import CheckpointMismatchError, TrainingDivergedError
+from marlkit.errors import CheckpointMismatchError, TrainingDivergedError
 from marlkit.runners import checkpoint as ckpt_module
 
 

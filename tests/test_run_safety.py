@@ -474,7 +474,7 @@ def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds
     assert read_steps(latest) == 50                 # the rollout whose update was cut short counts
     assert f"interrupted; saved {latest} (step 50 of 100000000)" in stderr
     state = pickle.loads(torch.load(latest, weights_only=False)["runner"])
-    assert state["pending"] == (vectorize == "subprocess")
+    assert bool(state["pending"]) == (vectorize == "subprocess")
 
 
 
@@ -540,24 +540,30 @@ def test_the_memory_estimate_follows_the_rollout_and_the_minibatch():
         spec = venv.spec
     finally:
         venv.close()
+    from dataclasses import replace
+
+    from marlkit.storage import StorageLayout
     mappo = get_agent("MAPPO")
     group = spec.groups["agents"]
-    small = mappo.memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 16, 25)
-    big = mappo.memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 32, 100)
+    layout = StorageLayout(group, spec, 16, 25)
+    small = mappo.memory_estimate(layout, cfg.agents["MAPPO"])
+    big = mappo.memory_estimate(StorageLayout(group, spec, 32, 100), cfg.agents["MAPPO"])
     assert big.rollout == 8 * small.rollout
     obs, state = 18, 54                      # float32 values per agent and per env step
     assert small.rollout >= 16 * 25 * (3 * obs + state) * 4
-    split = mappo.memory_estimate(group, spec.state_shape, replace_minibatches(cfg.agents["MAPPO"], 4), 16, 25)
+    # collected while the last is trained on (runner.overlap): two rollouts
+    double = mappo.memory_estimate(replace(layout, double=True), cfg.agents["MAPPO"])
+    assert double.rollout == 2 * small.rollout and "runner.overlap: false" in double.shrink
+    split = mappo.memory_estimate(layout, replace_minibatches(cfg.agents["MAPPO"], 4))
     assert split.update < small.update and split.rollout == small.rollout
     check_fits({"agents": small}, available=10 * small.total)
     with pytest.raises(ConfigError, match="runner.parallels"):
         check_fits({"agents": small}, available=small.total)
     # a critic that pools the observations stores no state; IPPO never does
-    from dataclasses import replace
-    pooled = mappo.memory_estimate(group, spec.state_shape, replace(cfg.agents["MAPPO"], critic_input="auto"), 16, 25,
-                                   state_from_obs=True)
+    pooled = mappo.memory_estimate(replace(layout, env=replace(spec, state_from_obs=True)),
+                                   replace(cfg.agents["MAPPO"], critic_input="auto"))
     assert small.rollout - pooled.rollout == 16 * 25 * state * 4
-    ippo = get_agent("IPPO").memory_estimate(group, spec.state_shape, cfg.agents["MAPPO"], 16, 25)
+    ippo = get_agent("IPPO").memory_estimate(layout, cfg.agents["MAPPO"])
     assert ippo.rollout == pooled.rollout
 
 

@@ -9,7 +9,7 @@ from gymnasium import spaces
 from pettingzoo import ParallelEnv
 
 import marlkit
-from marlkit.agents.base import Bootstrap
+from conftest import empty_rollout, learn_from
 from marlkit.api import build_config
 from marlkit.config import ModelConfig
 from marlkit.errors import ConfigError
@@ -18,7 +18,8 @@ from marlkit.envs.pettingzoo import PettingZooEnv, default_state
 from marlkit.networks.cnn import CNN
 from marlkit.networks.mlp import MLP
 from marlkit.registry import get_agent
-from marlkit.spec import GroupSpec
+from marlkit.spec import EnvSpec, GroupSpec
+from marlkit.storage import Bootstrap, Transition
 from toy_envs import ScriptedEnv
 
 from grid_battle import make_env
@@ -36,31 +37,31 @@ def _agent(name, group, state_shape, state_dtype=np.float32, state_channels_last
     agent_cfg = build_config(name, "mpe_spread").agents[name]
     for key, value in cfg.items():
         setattr(agent_cfg, key, value)
-    return get_agent(name)(group, state_shape, agent_cfg, num_envs=2, horizon=4, seed=0, state_dtype=state_dtype,
-                           state_channels_last=state_channels_last)
+    env = EnvSpec({group.name: group}, state_shape, state_dtype=state_dtype, state_channels_last=state_channels_last)
+    return get_agent(name)(group, env, agent_cfg, seed=0)
 
 
 def _fill_and_update(agent, obs_shape, state_shape, state_dtype=np.float32, obs_dtype=np.float32):
     """Four steps of random data for 2 envs, one update -> (metrics, bootstrap values)."""
-    from marlkit.buffers import Transition
     rng = np.random.default_rng(0)
     A = agent.n_agents
 
     def sample(shape, dtype):
         return rng.integers(0, 256, shape).astype(dtype) if dtype == np.uint8 else rng.normal(size=shape).astype(dtype)
 
+    transitions = []
     for t in range(4):
         obs, state = sample((2, A, *obs_shape), obs_dtype), sample((2, *state_shape), state_dtype)
         mask = np.ones((2, A), bool)
         out = agent.act(obs, state, mask, np.ones((2, A, 4), bool), None)
         assert out.actions.shape == (2, A)
-        agent.store(Transition(obs, state, mask, np.ones((2, A, 4), bool), out.actions, out.log_prob, out.value,
+        transitions.append(Transition(obs, state, mask, np.ones((2, A, 4), bool), out.actions, out.log_prob, out.value,
                                rng.normal(size=(2, A)).astype(np.float32), np.zeros((2, A), bool),
                                np.zeros((2, A), bool), np.zeros(2, bool), obs, state))
     bootstrap = Bootstrap(sample((2, A, *obs_shape), obs_dtype), sample((2, *state_shape), state_dtype),
                           np.ones((2, A), bool), np.ones((2, A, 4), bool), None)
     values = agent.value_of(bootstrap.obs, bootstrap.state, bootstrap.agent_mask, None)
-    return agent.update(bootstrap), values
+    return learn_from(agent, transitions, bootstrap), values
 
 
 @pytest.mark.parametrize("use_agent_id", [True, False])
@@ -281,8 +282,9 @@ def test_ippo_stores_no_state_and_mappo_stores_the_uint8_stack(battle_yaml):
     red = spec.groups["red"]
     ippo = _agent("IPPO", red, spec.state_shape, spec.state_dtype)
     mappo = _agent("MAPPO", red, spec.state_shape, spec.state_dtype)
-    assert ippo.buffer.state.nbytes == 0
-    assert mappo.buffer.state.dtype == np.uint8 and mappo.buffer.state.shape == (4, 2, 20, 13, 13)
+    assert empty_rollout(ippo, 2, 4).state.nbytes == 0
+    stored = empty_rollout(mappo, 2, 4).state
+    assert stored.dtype == np.uint8 and stored.shape == (4, 2, 20, 13, 13)
 
 
 def test_mappo_cnn_critic_encodes_the_image_state_once_per_env_step(tmp_path):

@@ -25,9 +25,8 @@ def test_only_the_agent_to_move_acts_and_never_makes_an_illegal_move(env_yaml, g
     venv = make_env_vector(cfg.env, cfg.runner)
     try:
         [(g, spec)] = venv.spec.groups.items()
-        agent = (RandomAgent(spec, venv.spec.state_shape, None, 4, 1, seed=0) if policy == "random" else
-                 MAPPO(spec, venv.spec.state_shape, cfg.agents["MAPPO"], 4, 25, seed=0,
-                       state_dtype=venv.spec.state_dtype, state_from_obs=venv.spec.state_from_obs))
+        agent = (RandomAgent(spec, venv.spec, None, seed=0) if policy == "random" else
+                 MAPPO(spec, venv.spec, cfg.agents["MAPPO"], seed=0))
         obs = venv.reset(seed=0)
         games, paid_while_waiting = [], 0
         for _ in range(10_000 // 4):

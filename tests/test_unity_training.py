@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 import marlkit
-from marlkit.agents.base import OnPolicyAgent
+from marlkit.agents.on_policy import OnPolicyAgent
 
 STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
 GAMMA = 0.99
@@ -76,8 +78,8 @@ def captured(monkeypatch):
     calls = []
     original = OnPolicyAgent.targets
 
-    def spy(self, bootstrap, last_value, truncation_value):
-        buf = self.buffer
+    def spy(self, batch, last_value, truncation_value):
+        buf = batch.rollout
         # each truncation final valued on its own, by the weights (and value normaliser) of this update,
         # with the slots present at its step (a pooled critic pools over them)
         final_values = [self.value_of(f[2][None], f[3][None], buf.agent_mask[f[0], f[1]][None], None)[0]
@@ -88,7 +90,7 @@ def captured(monkeypatch):
                 mask = self.tensor(buf.action_mask) if self.group.n_actions else None
                 dist, _ = self.policy(self.tensor(buf.obs), self.tensor(buf.state), None, None, mask)
                 relogged = dist.log_prob(self.tensor(buf.actions)).numpy()
-        out = original(self, bootstrap, last_value, truncation_value)
+        out = original(self, batch, last_value, truncation_value)
         calls.append({"agent": self, "group": self.group.name, "obs": buf.obs.copy(), "actions": buf.actions.copy(),
                       "reward": buf.reward.copy(), "value": buf.value.copy(), "mask": buf.agent_mask.copy(),
                       "terminated": buf.terminated.copy(), "truncated": buf.truncated.copy(),
@@ -327,3 +329,80 @@ def test_an_episode_ending_between_two_decisions_is_credited_to_the_last_one(tmp
                                                abs=1e-5)
             ends += 1
     assert ends == 2 * 6
+
+
+def standin_pids(tag: str) -> list[int]:
+    return [int(pid) for pid in filter(str.isdigit, os.listdir("/proc"))
+            if tag.encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")]
+
+
+def test_the_worker_timeout_waits_out_a_scenes_timeout_and_relaunches(tmp_path):
+    """An env worker is given up after ``runner.worker_timeout`` seconds without an answer, while the
+    scene it steps takes up to ``env.timeout_wait`` to be found hung, then is stopped and relaunched:
+    at the packaged defaults the worker waits longer than all of that, a longer timeout_wait
+    lengthens it, and a shorter worker timeout set by hand is refused in one line."""
+    from marlkit.api import build_config
+
+    def longest_step(timeout_wait: int, max_failures: int = 3) -> int:
+        """The hung step's timeout and the stop of its scene (5 s), then the relaunches, each a
+        handshake and a reset that may time out, and a stop."""
+        return timeout_wait + 5 + (max_failures - 1) * (2 * timeout_wait + 5)
+
+    cfg = build_config("MAPPO", "unity", **{"env.file_name": STANDIN})
+    assert cfg.runner.envs_in_workers() and (cfg.env.timeout_wait, cfg.env.max_failures) == (60, 3)
+    assert cfg.runner.worker_timeout > longest_step(60)
+    slow = build_config("MAPPO", "unity", **{"env.file_name": STANDIN, "env.timeout_wait": 300})
+    assert slow.runner.worker_timeout > longest_step(300) > cfg.runner.worker_timeout
+    once = build_config("MAPPO", "unity", **{"env.file_name": STANDIN, "env.max_failures": 1})
+    assert longest_step(60) > once.runner.worker_timeout > longest_step(60, max_failures=1)
+    # one scene stepped in this process: no worker to time out, so any setting goes
+    alone = build_config("MAPPO", "unity", **{"env.file_name": STANDIN, "runner.parallels": 1,
+                                                "runner.worker_timeout": 60})
+    assert alone.runner.worker_timeout == 60
+    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                          "--set", f"env.file_name={STANDIN}", "runner.worker_timeout=60",
+                          f"runner.run_root={tmp_path / 'runs'}"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "runner.worker_timeout=60 is less than" in line and "env.timeout_wait=60" in line, line
+    assert f"set runner.worker_timeout to null (derived) or at least {cfg.runner.worker_timeout:g}" in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_scene_hung_at_the_default_timeouts_is_relaunched_before_its_worker_is_given_up(tmp_path):
+    """Two scenes in env workers, at the packaged timeouts: one stops answering at its 20th step
+    (once: its relaunch runs on). Its env finds it hung after env.timeout_wait (60 s), relaunches it,
+    and the run goes on to its end."""
+    tag, hung = uuid.uuid4().hex, tmp_path / "hung"
+    start = time.monotonic()
+    result = marlkit.run(agent="MAPPO", env="unity", logger="none", **{
+        "env.file_name": STANDIN, "env.additional_args": ["--tag", tag, "--hang-after", "20", "--fault-once", str(hung)],
+        "runner.parallels": 2, "runner.horizon": 16, "runner.total_steps": 96, "runner.progress": False,
+        "runner.run_root": str(tmp_path / "runs")})
+    assert hung.exists() and time.monotonic() - start > 60
+    assert result.steps == 96 and result.metrics["env/restarts"] >= 1
+    assert (result.run_dir / "latest.pt").is_file()
+    assert standin_pids(tag) == []
+
+
+@pytest.mark.parametrize("parallels", [1, 2])
+def test_a_scene_failure_is_one_line_and_its_traceback_goes_to_error_log(tmp_path, parallels):
+    """A scene that exits (not relaunched): the same one line whether it is stepped in this process
+    or in an env worker, naming the scene, what was saved and where the traceback is."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
+    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                          "--set", f"env.file_name={STANDIN}", "env.additional_args=[--die-after, 20]",
+                          "env.restart_on_failure=false", f"runner.parallels={parallels}", "runner.horizon=8",
+                          "runner.total_steps=100000", f"runner.run_root={runs}", "runner.progress=false"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 1, out.stderr
+    [line] = out.stderr.strip().splitlines()
+    assert "unity env" in line and "is gone" in line and "while stepping" in line, line
+    [latest] = runs.rglob("latest.pt")   # the scenes died in the third rollout: the second is saved
+    assert f"the run up to step {16 * parallels} is saved in {latest}" in line, line
+    log = latest.parent / "error.log"
+    assert line.endswith(f"the worker's traceback is in {log}"), line
+    text = log.read_text()
+    assert "Traceback (most recent call last):" in text and "UnityEnvError" in text, text
+    assert str(Path("marlkit", "envs", "unity", "env.py")) in text, text

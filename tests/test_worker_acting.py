@@ -102,7 +102,7 @@ def test_a_run_resumes_exactly_from_workers_acting_to_this_process_acting_and_ba
     full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 900})
     half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 300})
     state = pickle.loads(torch.load(half.run_dir / "latest.pt", weights_only=False)["runner"])
-    assert state["pending"] and state["behaviour"]["agents"]["buffer"].full
+    assert state["pending"]["agents"].rollout.full
     marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.act_in_workers": False})
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 900, "runner.workers": 3})
     assert resumed.steps == 900
@@ -190,8 +190,8 @@ def test_auto_start_method_forks_only_a_single_threaded_process():
 
 
 def test_rollout_blocks_join_in_env_order():
-    from marlkit.buffers import RolloutBuffer, Transition
-    whole = RolloutBuffer(2, 5, 2, (3,), np.float32, (4,), (), np.int64, 4)
+    from marlkit.storage import Rollout, Transition
+    whole = Rollout(2, 5, 2, (3,), np.float32, (4,), (), np.int64, 4)
     parts = [whole.for_envs(2), whole.for_envs(3)]
     rng = np.random.default_rng(0)
     steps = []

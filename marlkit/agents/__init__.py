@@ -1,11 +1,11 @@
 """Algorithms. They know nothing of specific envs; the runner meets them through ``Agent``."""
-from marlkit.agents.base import (ActOut, Agent, Bootstrap, CheckpointMismatchError, OnPolicyAgent, Progress,
-                                 TrainingDivergedError)
+from marlkit.agents.base import ActOut, Agent, Progress, Schedule
 from marlkit.agents.coma import COMA
 from marlkit.agents.ippo import IPPO
 from marlkit.agents.mappo import MAPPO
 from marlkit.agents.mat import MAT
+from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.agents.random_policy import RandomAgent
 
-__all__ = ["ActOut", "Agent", "Bootstrap", "CheckpointMismatchError", "OnPolicyAgent", "Progress",
-           "TrainingDivergedError", "COMA", "IPPO", "MAPPO", "MAT", "RandomAgent"]
+__all__ = ["ActOut", "Agent", "Progress", "Schedule", "COMA", "IPPO", "MAPPO", "MAT", "OnPolicyAgent",
+           "OnPolicyConfig", "RandomAgent"]

@@ -25,16 +25,13 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from marlkit.agents.base import masked_mean
-from marlkit.agents.losses import ppo_policy_loss, value_loss
-from marlkit.agents.mappo import MAPPO
-from marlkit.buffers import compute_gae, last_present_value
-from marlkit.config import OnPolicyConfig
+from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
+from marlkit.agents.shared_actor import SharedActor
 from marlkit.errors import ConfigError
 from marlkit.networks.coma_critic import COMACritic
-from marlkit.networks.distributions import ActionHead
 from marlkit.networks.mlp import flat_size
 from marlkit.registry import get_model, register_agent
+from marlkit.storage.returns import last_present_value, td_lambda_targets
 
 
 @dataclass
@@ -51,17 +48,6 @@ class COMAConfig(OnPolicyConfig):
     value_clip: Optional[float] = field(default=None, metadata={"min": 0.0})
     # updates between copies of the critic into the target critic that builds the TD(lambda) targets
     target_update_interval: int = field(default=2, metadata={"min": 1})
-
-
-def td_lambda_targets(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
-                      last_value, gamma: float, lam: float) -> np.ndarray:
-    """TD(lambda) targets ``[T, E, A]`` for Q(s_t, u_t): G_t = r_t + gamma ((1 - lambda) Q_{t+1} +
-    lambda G_{t+1}), cut at terminations (successor 0) and truncations (successor
-    ``truncation_value``), absent slots skipped (0 there). GAE's returns over the values
-    ``q_taken`` are exactly this recursion (A_t + Q_t = G_t), so its mask handling is reused."""
-    _, returns = compute_gae(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
-                             last_value, gamma, lam)
-    return returns
 
 
 def taken(q: torch.Tensor, actions: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
@@ -83,7 +69,7 @@ def counterfactual_advantage(q: torch.Tensor, probs: torch.Tensor, actions: torc
 
 
 @register_agent("COMA")
-class COMA(MAPPO):
+class COMA(OnPolicyAgent):
     """COMA: decentralised actors with a counterfactual baseline from a centralised Q critic.
 
     Discrete actions only; actor and critic are feed-forward registered models. The actor step is
@@ -98,11 +84,9 @@ class COMA(MAPPO):
         return True   # the Q critic reads the state
     checks_groups = True
 
-    def __init__(self, group, state_shape, cfg: COMAConfig, num_envs, horizon, seed=0, device="cpu",
-                 state_dtype=np.float32, state_channels_last=None, state_from_obs=False):
+    def __init__(self, group, env, cfg: COMAConfig, seed=0, device="cpu"):
         self.check_group(group)
-        super().__init__(group, state_shape, cfg, num_envs, horizon, seed, device, state_dtype, state_channels_last,
-                         state_from_obs)
+        super().__init__(group, env, cfg, seed, device)
         if self.value_norm is not None:
             # the target critic's outputs are on the scale of the statistics it was trained under;
             # the live normaliser moves on with every update
@@ -136,8 +120,9 @@ class COMA(MAPPO):
 
     def build(self) -> dict[str, nn.Module]:
         obs_shape, n_actions = self.group.obs_shape, self.group.n_actions
-        actor = self._encoder("actor", obs_shape, per_agent=True)
-        head = ActionHead(self.group.action_space, actor.out_dim + self._id_width_after(obs_shape))
+        self.actor = SharedActor(self.registered_name, self.group, self.env, self.cfg)
+        actor = self.actor.encoder()
+        head = self.actor.head(actor)
         in_dim = COMACritic.input_dim(flat_size(self.state_shape), flat_size(obs_shape), self.n_agents, n_actions)
         try:
             encoder = get_model(self.cfg.critic.name)((in_dim,), self.cfg.critic)
@@ -148,10 +133,10 @@ class COMA(MAPPO):
         return {"actor": actor, "actor_head": head, "critic": critic, "target_critic": target}
 
     def param_groups(self) -> list[dict]:
-        m = self.modules
-        actor = list(m["actor"].parameters()) + list(m["actor_head"].parameters())
-        return [{"params": actor, "lr": self.cfg.lr},
-                {"params": m["critic"].parameters(), "lr": self.cfg.critic_lr or self.cfg.lr}]
+        return self.actor_critic_groups(["actor", "actor_head"], ["critic"])
+
+    def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
+        return self.actor.policy(self.modules, obs, hidden, episode_start, action_mask, agent_mask)
 
     @property
     def critic_acts_online(self) -> bool:
@@ -164,11 +149,9 @@ class COMA(MAPPO):
                  present: np.ndarray) -> torch.Tensor:
         """Normalised Q ``[N, A, n]`` of ``N`` steps from ``critic`` (``"critic"`` or
         ``"target_critic"``), in chunks of about ``value_chunk_bytes`` of input."""
-        per_step = max(obs[:1].nbytes + state[:1].nbytes, 1)
-        chunk = max(1, self.value_chunk_bytes // per_step)
-        parts = [self.modules[critic](self.tensor(state[i:i + chunk]), self.tensor(obs[i:i + chunk]),
-                                      self.tensor(actions[i:i + chunk]), self.tensor(present[i:i + chunk]))
-                 for i in range(0, len(obs), chunk)]
+        parts = [self.modules[critic](self.tensor(state[part]), self.tensor(obs[part]), self.tensor(actions[part]),
+                                      self.tensor(present[part]))
+                 for part in self.chunks(len(obs), obs[:1].nbytes + state[:1].nbytes)]
         return torch.cat(parts) if parts else torch.zeros(0, self.n_agents, self.group.n_actions)
 
     def _target_q_taken(self, state, obs, actions, present) -> np.ndarray:
@@ -177,21 +160,21 @@ class COMA(MAPPO):
                   self.tensor(present))
         return (self.modules["target_value_norm"].denormalize(q) if self.value_norm is not None else q).cpu().numpy()
 
-    def estimate_values(self, bootstrap):
-        """``buffer.value`` := target Q(s_t, u_t) of the stored joint actions; the bootstrap and the
+    def estimate_values(self, batch):
+        """``rollout.value`` := target Q(s_t, u_t) of the stored joint actions; the bootstrap and the
         truncation finals are valued at a joint action the current policy picks there."""
-        buf = self.buffer
-        T, E = buf.horizon, buf.num_envs
+        rollout, bootstrap = batch.rollout, batch.bootstrap
+        T, E = rollout.horizon, rollout.num_envs
         flat = lambda x: x.reshape(T * E, *x.shape[2:])  # noqa: E731
-        buf.value[:] = self._target_q_taken(flat(buf.state), flat(buf.obs), flat(buf.actions),
-                                            flat(buf.agent_mask)).reshape(T, E, -1)
+        rollout.value[:] = self._target_q_taken(flat(rollout.state), flat(rollout.obs), flat(rollout.actions),
+                                                flat(rollout.agent_mask)).reshape(T, E, -1)
         joint = self.joint_actions(bootstrap.obs, bootstrap.state, bootstrap.agent_mask, bootstrap.action_mask,
                                    bootstrap.hidden)
         last_value = np.where(bootstrap.agent_mask,
                               self._target_q_taken(bootstrap.state, bootstrap.obs, joint, bootstrap.agent_mask),
-                              last_present_value(buf.value, buf.agent_mask))
-        truncation_value = np.zeros_like(buf.value)
-        finals = self.finals()
+                              last_present_value(rollout.value, rollout.agent_mask))
+        truncation_value = np.zeros_like(rollout.value)
+        finals = self.finals(rollout)
         if finals is not None:
             joint = self.joint_actions(finals["obs"], finals["state"], finals["agent_mask"], finals["action_mask"],
                                        finals["hidden"])
@@ -200,43 +183,40 @@ class COMA(MAPPO):
         return last_value, truncation_value
 
     @torch.no_grad()
-    def targets(self, bootstrap, last_value, truncation_value) -> dict:
+    def targets(self, batch, last_value, truncation_value) -> dict:
         """TD(lambda) ``returns`` (real scale) for the critic, the counterfactual ``advantages`` from
         the critic and the policy that collected the rollout, ``old_value`` (normalised Q of the
         taken actions, for ``value_clip``); updates the value normaliser with the returns."""
-        buf, cfg = self.buffer, self.cfg
-        T, E = buf.horizon, buf.num_envs
-        returns = td_lambda_targets(buf.reward, buf.value, buf.terminated, buf.truncated, buf.episode_end,
-                                    buf.agent_mask, truncation_value, last_value, cfg.gamma, cfg.gae_lambda)
+        rollout, cfg = batch.rollout, self.cfg
+        T, E = rollout.horizon, rollout.num_envs
+        returns = td_lambda_targets(rollout.reward, rollout.value, rollout.terminated, rollout.truncated,
+                                    rollout.episode_end, rollout.agent_mask, truncation_value, last_value, cfg.gamma,
+                                    cfg.gae_lambda)
         flat = lambda x: x.reshape(T * E, *x.shape[2:])  # noqa: E731
-        q = self.q_values("critic", flat(buf.state), flat(buf.obs), flat(buf.actions), flat(buf.agent_mask))
-        action_mask, present, actions = (self.tensor(flat(x)) for x in (buf.action_mask, buf.agent_mask, buf.actions))
-        dist, _ = self.policy(self.tensor(flat(buf.obs)).unsqueeze(0), None, None, None, action_mask.unsqueeze(0))
+        q = self.q_values("critic", flat(rollout.state), flat(rollout.obs), flat(rollout.actions),
+                          flat(rollout.agent_mask))
+        action_mask, present, actions = (self.tensor(flat(x)) for x in (rollout.action_mask, rollout.agent_mask,
+                                                                         rollout.actions))
+        dist, _ = self.policy(self.tensor(flat(rollout.obs)).unsqueeze(0), None, None, None, action_mask.unsqueeze(0))
         advantages, _ = counterfactual_advantage(self._denormalize(q), dist.log_probs[0].exp(), actions,
                                                  action_mask, present)
         old_value = taken(q, actions, present)
         if self.value_norm is not None:
-            self.value_norm.update(self.tensor(returns[buf.agent_mask]))
+            self.value_norm.update(self.tensor(returns[rollout.agent_mask]))
         return {"advantages": advantages.reshape(T, E, -1).cpu().numpy(), "returns": returns,
                 "old_value": old_value.reshape(T, E, -1).cpu().numpy()}
 
     # ------------------------------------------------------------------ loss
 
     def loss(self, batch):
-        cfg = self.cfg
         present = batch["agent_mask"]
-        mask = present.float()
         dist, _ = self.policy(batch["obs"], batch["state"], None, None, batch["action_mask"], present)
-        policy_loss, info = ppo_policy_loss(dist.log_prob(batch["actions"]), batch["log_prob"], batch["advantages"],
-                                            cfg.clip, mask)
-        entropy = masked_mean(dist.entropy(), mask)
-        q = taken(self.modules["critic"](batch["state"], batch["obs"], batch["actions"], present),
-                  batch["actions"], present)
-        critic_loss = value_loss(q, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
-                                 cfg.value_clip, cfg.huber_delta)
-        loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
-        return loss, {"policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
-                      "entropy": entropy.detach(), **info}
+
+        def q_taken():
+            return taken(self.modules["critic"](batch["state"], batch["obs"], batch["actions"], present),
+                         batch["actions"], present)
+
+        return self.ppo_loss(batch, dist.log_prob(batch["actions"]), dist.entropy, q_taken)
 
     def after_update(self, progress) -> None:
         self.updates += 1

@@ -1,10 +1,14 @@
-"""PPO loss terms over ``[L, B, A]`` tensors, averaged over present agents only."""
+"""Loss terms over ``[L, B, A]`` tensors, averaged over present agents only."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from marlkit.agents.base import masked_mean
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over present agents; ``where`` rather than a product, so NaN/inf in an absent slot
+    cannot leak in."""
+    return torch.where(mask.bool(), x, 0.0).sum() / mask.sum().clamp(min=1.0)
 
 
 def ppo_policy_loss(log_prob, old_log_prob, advantages, clip: float, mask):

@@ -8,11 +8,10 @@ from typing import Literal, Optional
 import torch
 from torch import nn
 
-from marlkit.agents.base import OnPolicyAgent, masked_mean
-from marlkit.agents.losses import ppo_policy_loss, value_loss
-from marlkit.config import ConfigError, OnPolicyConfig
+from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
+from marlkit.agents.shared_actor import SharedActor
+from marlkit.errors import ConfigError
 from marlkit.networks.base import Encoder
-from marlkit.networks.distributions import ActionHead
 from marlkit.networks.heads import SharedValueHead
 from marlkit.networks.mlp import flat_size
 from marlkit.networks.pooled import PooledValueHead
@@ -52,13 +51,12 @@ SHARED_ENCODER_GRAD = 0.1
 
 @register_agent("MAPPO")
 class MAPPO(OnPolicyAgent):
-    """Actor on each agent's own observation; centralised critic (``critic_input``) on ``state``,
-    encoded once per env step by any registered model (an image state by a ``cnn``) and read out
-    per agent by a head that sees the agent id, or on the group's observations pooled. Weights
-    are shared across the group.
+    """PPO with a shared actor and a centralised critic on the global state or the pooled observations.
 
-    The agent id (``use_agent_id``) joins a flat input as a one-hot before the encoder; for other
-    inputs (images, ``(27, 5)`` arrays) it joins the encoder's features.
+    The actor (``SharedActor``) reads each agent's own observation; the centralised critic
+    (``critic_input``) reads ``state``, encoded once per env step by any registered model (an image
+    state by a ``cnn``) and read out per agent by a head that sees the agent id, or the group's
+    observations pooled. Weights are shared across the group.
     """
 
     config_cls = MAPPOConfig
@@ -66,26 +64,16 @@ class MAPPO(OnPolicyAgent):
     @staticmethod
     def pools(cfg, state_from_obs: bool) -> bool:
         """Whether the critic pools the observations (``critic_input``, ``auto`` resolved)."""
-        choice = getattr(cfg, "critic_input", "state")   # subclasses with critics of their own lack it
+        choice = getattr(cfg, "critic_input", "state")   # a subclass on OnPolicyConfig lacks it: the state
         return choice == "pooled" or (choice == "auto" and state_from_obs)
-
-    @property
-    def pooled_critic(self) -> bool:
-        return self.pools(self.cfg, self.state_from_obs)
 
     @staticmethod
     def encoder_choice(cfg) -> str:
         """``critic_encoder`` with ``auto`` resolved: ``actor`` or ``own``."""
-        choice = getattr(cfg, "critic_encoder", "own")   # subclasses with critics of their own lack it
+        choice = getattr(cfg, "critic_encoder", "own")   # a subclass on OnPolicyConfig lacks it: its own
         if choice == "auto":
             return "own" if get_model(cfg.actor.name).is_recurrent else "actor"
         return choice
-
-    @property
-    def shares_encoder(self) -> bool:
-        """The pooled critic reads the actor's encodings (``critic_encoder``: ``actor``, or ``auto``
-        with a feed-forward actor)."""
-        return self.pooled_critic and self.encoder_choice(self.cfg) == "actor"
 
     @classmethod
     def check_config(cls, cfg, runner, key: str) -> None:
@@ -124,50 +112,34 @@ class MAPPO(OnPolicyAgent):
 
     # ------------------------------------------------------------------ networks
 
-    def _id_at_input(self, shape: tuple[int, ...]) -> bool:
-        return self.cfg.use_agent_id and len(shape) == 1
-
-    def _id_width_after(self, shape: tuple[int, ...]) -> int:
-        """Width of the one-hot id appended to the features of an encoder of ``shape`` inputs."""
-        return self.n_agents if self.cfg.use_agent_id and len(shape) != 1 else 0
-
-    def _encoder(self, role: str, shape: tuple[int, ...], per_agent: bool, ids: bool = True) -> Encoder:
-        model = getattr(self.cfg, role)
-        if per_agent and ids and self._id_at_input(shape):
-            shape = (shape[0] + self.n_agents,)
-        # what the env's spec says about the input (image layout, sensor parts) reaches the models
-        # that take it, unless the config sets it
-        parts = self.group.obs_parts if per_agent else None
-        said = {"channels_last": self.group.channels_last if per_agent else self.state_channels_last,
-                "images": [list(p) for p in parts if len(p) == 3] or None if parts else None}
-        model_cls = get_model(model.name)
-        fill = {k: said[k] for k in model_cls.spec_kwargs if said.get(k) is not None and k not in model.kwargs}
-        if fill:
-            model = replace(model, kwargs={**model.kwargs, **fill})
-        try:
-            return model_cls(tuple(shape), model)
-        except ConfigError as exc:
-            raise ConfigError(f"agents.{self.registered_name}.{role}: {exc}") from None
-
     def build(self) -> dict[str, nn.Module]:
-        obs_shape = self.group.obs_shape
-        actor = self._encoder("actor", obs_shape, per_agent=True)
+        self.actor = SharedActor(self.registered_name, self.group, self.env, self.cfg)
+        actor = self.actor.encoder()
         critic = None if self.shares_encoder else self.critic_encoder()   # drawn before the head, as always
-        head = ActionHead(self.group.action_space, actor.out_dim + self._id_width_after(obs_shape),
-                          self.cfg.log_std_init)
+        head = self.actor.head(actor)
         if critic is None:
             return {"actor": actor, "actor_head": head, "critic_head": self.pooled_head(actor.out_dim)}
         return {"actor": actor, "actor_head": head, "critic": critic, "critic_head": self.critic_head(critic)}
+
+    @property
+    def pooled_critic(self) -> bool:
+        return self.pools(self.cfg, self.env.state_from_obs)
+
+    @property
+    def shares_encoder(self) -> bool:
+        """The pooled critic reads the actor's encodings (``critic_encoder``: ``actor``, or ``auto``
+        with a feed-forward actor)."""
+        return self.pooled_critic and self.encoder_choice(self.cfg) == "actor"
 
     def _critic_takes_ids(self) -> bool:
         return self.cfg.use_agent_id and get_model(self.cfg.critic.name).takes_ids
 
     def critic_encoder(self) -> Encoder:
         if self.pooled_critic:   # the id joins the value head, where it costs the same at any A
-            return self._encoder("critic", self.group.obs_shape, per_agent=True, ids=False)
+            return self.actor.model("critic", self.group.obs_shape, per_agent=True, ids=False)
         if self._critic_takes_ids():   # built for [state, one-hot id]; valued for all ids at once
-            return self._encoder("critic", (flat_size(self.state_shape) + self.n_agents,), per_agent=False)
-        return self._encoder("critic", self.state_shape, per_agent=False)
+            return self.actor.model("critic", (flat_size(self.state_shape) + self.n_agents,), per_agent=False)
+        return self.actor.model("critic", self.state_shape, per_agent=False)
 
     def pooled_head(self, features: int) -> PooledValueHead:
         return PooledValueHead(features, self.n_agents if self.cfg.use_agent_id else 0, self.cfg.pool,
@@ -180,44 +152,12 @@ class MAPPO(OnPolicyAgent):
                                ids_in_encoder=critic.takes_ids and self._critic_takes_ids())
 
     def param_groups(self) -> list[dict]:
-        m = self.modules
-        actor = list(m["actor"].parameters()) + list(m["actor_head"].parameters())
-        critic = list(m["critic"].parameters()) if "critic" in m else []
-        critic += list(m["critic_head"].parameters())
-        return [{"params": actor, "lr": self.cfg.lr}, {"params": critic, "lr": self.cfg.critic_lr or self.cfg.lr}]
-
-    def encode_agents(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start, ids: bool = True,
-                      present: torch.Tensor | None = None, join_ids: bool = True):
-        """Encode per-agent inputs ``[L, B, A, ...]`` with agents folded into the batch, the agent
-        id joined (``ids``; ``join_ids=False``: at the input alone, not after the features) ->
-        (features ``[L, B, A, F]``, hidden ``[B, A, H]`` or None).
-
-        With ``present`` ``[L, B, A]`` (the agent mask), a feed-forward encoder reads the present
-        slots alone and absent slots get zero features: every loss and pool masks them out, so
-        their features change nothing that is learned or acted on, and in an env where agents die
-        (half of a 48-agent battle is dead on average) they are most of the encoder's work. A
-        recurrent encoder reads every slot: its memory runs through them in time order."""
-        L, B, A = x.shape[:3]
-        shape = tuple(x.shape[3:])
-        if ids and self._id_at_input(shape):
-            x = torch.cat([x.float(), self._ids(L, B, x.device)], -1)
-        if present is not None and not encoder.is_recurrent and not bool(present.all()):
-            rows = present.reshape(-1).nonzero().squeeze(1)
-            features = torch.zeros(L * B * A, encoder.out_dim, device=x.device)
-            if len(rows):
-                encoded, _ = encoder(x.reshape(L * B * A, *x.shape[3:]).index_select(0, rows).unsqueeze(0))
-                features = features.index_copy(0, rows, encoded[0])
-            return self._join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), None
-        h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
-        starts = episode_start.reshape(L, B * A) if episode_start is not None else None
-        features, h = encoder(x.reshape(L, B * A, *x.shape[3:]), h, starts)
-        h = h.reshape(B, A, -1) if h is not None else None
-        return self._join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), h
+        return self.actor_critic_groups(["actor", "actor_head"], ["critic", "critic_head"])
 
     def actor_encodings(self, obs: torch.Tensor, agent_mask: torch.Tensor | None) -> torch.Tensor:
         """The feed-forward actor's encodings ``[L, B, A, F]`` that a pooled critic on the actor's
         encoder reads: its value head adds the id itself, so it is not joined after them."""
-        features, _ = self.encode_agents(self.modules["actor"], obs, None, None, present=agent_mask, join_ids=False)
+        features, _ = self.actor.encode(self.modules["actor"], obs, None, None, present=agent_mask, join_ids=False)
         return features
 
     def _value_grad_scaled(self, features: torch.Tensor) -> torch.Tensor:
@@ -232,22 +172,8 @@ class MAPPO(OnPolicyAgent):
             return features.detach()
         return scale * features + (1.0 - scale) * features.detach()
 
-    def _join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
-        """The one-hot id after the features of an encoder of ``shape`` inputs (see ``_id_width_after``)."""
-        if ids and self._id_width_after(shape):
-            L, B = features.shape[:2]
-            features = torch.cat([features, self._ids(L, B, features.device)], -1)
-        return features
-
-    def _ids(self, L: int, B: int, device) -> torch.Tensor:
-        eye = getattr(self, "_eye", None)   # made once: an eye per call is a twentieth of acting
-        if eye is None or eye.device != torch.device(device):
-            eye = self._eye = torch.eye(self.n_agents, dtype=torch.float32, device=device)
-        return eye.expand(L, B, -1, -1)
-
     def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
-        features, hidden = self.encode_agents(self.modules["actor"], obs, hidden, episode_start, present=agent_mask)
-        return self.modules["actor_head"](features, action_mask), hidden
+        return self.actor.policy(self.modules, obs, hidden, episode_start, action_mask, agent_mask)
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
         """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic on
@@ -262,7 +188,7 @@ class MAPPO(OnPolicyAgent):
             return head(self.actor_encodings(obs, agent_mask), agent_mask), None
         encoder = self.modules["critic"]
         if self.pooled_critic:
-            features, hidden = self.encode_agents(encoder, obs, hidden, episode_start, ids=False, present=agent_mask)
+            features, hidden = self.actor.encode(encoder, obs, hidden, episode_start, ids=False, present=agent_mask)
             return head(features, agent_mask), hidden
         if encoder.is_recurrent:
             L, B, A = state.shape[0], state.shape[1], self.n_agents
@@ -277,24 +203,11 @@ class MAPPO(OnPolicyAgent):
     # ------------------------------------------------------------------ loss
 
     def loss(self, batch):
-        cfg = self.cfg
-        mask = batch["agent_mask"].float()
-        h_actor, h_critic = self.split_hidden(batch["hidden"][0]) if "hidden" in batch else (None, None)
+        if not self.shares_encoder:
+            return super().loss(batch)
+        # one pass of the encoder serves both losses
         action_mask = batch["action_mask"] if self.group.n_actions else None
-        if self.shares_encoder:   # one pass of the encoder serves both losses
-            features = self.actor_encodings(batch["obs"], batch["agent_mask"])
-            dist = self.modules["actor_head"](self._join_ids(features, self.group.obs_shape, True), action_mask)
-            value = self.modules["critic_head"](self._value_grad_scaled(features), batch["agent_mask"])
-        else:
-            dist, _ = self.policy(batch["obs"], batch["state"], h_actor, batch["episode_start"], action_mask,
-                                  batch["agent_mask"])
-            value, _ = self.values(batch["obs"], batch["state"], h_critic, batch["episode_start"],
-                                   batch["agent_mask"])
-        log_prob = dist.log_prob(batch["actions"])
-        policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
-        entropy = masked_mean(dist.entropy(), mask)
-        critic_loss = value_loss(value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
-                                 cfg.value_clip, cfg.huber_delta)
-        loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
-        return loss, {"policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
-                      "entropy": entropy.detach(), **info}
+        features = self.actor_encodings(batch["obs"], batch["agent_mask"])
+        dist = self.modules["actor_head"](self.actor.join_ids(features, self.group.obs_shape, True), action_mask)
+        value = self.modules["critic_head"](self._value_grad_scaled(features), batch["agent_mask"])
+        return self.ppo_loss(batch, dist.log_prob(batch["actions"]), dist.entropy, lambda: value)

@@ -22,9 +22,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from marlkit.agents.base import OnPolicyAgent, masked_mean
-from marlkit.agents.losses import ppo_policy_loss, value_loss
-from marlkit.config import OnPolicyConfig
+from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.distributions import ActionHead
 from marlkit.networks.mlp import flat_size
@@ -174,25 +172,15 @@ class MAT(OnPolicyAgent):
 
     @torch.no_grad()
     def value_of(self, obs: np.ndarray, state: np.ndarray, agent_mask: np.ndarray, hidden) -> np.ndarray:
-        """Real-scale values ``[N, A]``, in chunks of about ``value_chunk_bytes`` of observations."""
-        chunk = max(1, self.value_chunk_bytes // max(obs[:1].nbytes, 1))
-        values = [self._denormalize(self.encode(self.tensor(obs[s:s + chunk]),
-                                                self.tensor(agent_mask[s:s + chunk]))[0]).cpu().numpy()
-                  for s in range(0, len(obs), chunk)]
+        """Real-scale values ``[N, A]`` from the encoder (the state is not read)."""
+        values = [self._denormalize(self.encode(self.tensor(obs[part]), self.tensor(agent_mask[part]))[0]).cpu().numpy()
+                  for part in self.chunks(len(obs), obs[:1].nbytes)]
         return np.concatenate(values) if values else np.zeros((0, self.n_agents), np.float32)
 
     def loss(self, batch):
-        cfg = self.cfg
         lead = batch["agent_mask"].shape        # [L, B, A]
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [L, B, A, ...] -> [L * B, A, ...]
         action_mask = flat(batch["action_mask"]) if self.group.n_actions else None
         out = self.evaluate(flat(batch["obs"]), flat(batch["agent_mask"]), action_mask, flat(batch["actions"]))
         log_prob, entropy, value = (x.reshape(lead) for x in (out.log_prob, out.entropy, out.value))
-        mask = batch["agent_mask"].float()
-        policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
-        entropy = masked_mean(entropy, mask)
-        critic_loss = value_loss(value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
-                                 cfg.value_clip, cfg.huber_delta)
-        loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
-        return loss, {"policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
-                      "entropy": entropy.detach(), **info}
+        return self.ppo_loss(batch, log_prob, lambda: entropy, lambda: value)

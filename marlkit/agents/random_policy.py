@@ -29,7 +29,7 @@ class RandomAgent(Agent):
     def own_generators(self, seed: int):
         return super().own_generators(seed + self.STREAM_OFFSET)
 
-    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True) -> ActOut:
+    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True, progress=None) -> ActOut:
         space, (E, A) = self.group.action_space, agent_mask.shape
         hybrid = hybrid_parts(space)
         if hybrid is not None:  # [continuous in [-1, 1] or the Box's bounds, branch choices] as floats

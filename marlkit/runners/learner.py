@@ -1,4 +1,4 @@
-"""The update of the learning agents on a finished rollout, in this thread or beside collection.
+"""The update of the learning agents on their batches, in this thread or beside collection.
 
 With ``background`` the update runs in a thread of its own while the collector fills the next
 rollout in the main thread. Both spend most of their time in torch kernels, numpy and waits on env
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
-from marlkit.agents.base import Agent, Bootstrap, Progress
+from marlkit.agents.base import Agent, Progress
 
 
 class Learner:
@@ -21,21 +21,25 @@ class Learner:
         self._error: BaseException | None = None
         self.wait_s = 0.0   # how long the last finish() waited for the update
 
-    def start(self, bootstrap: dict[str, Bootstrap], progress: Progress) -> None:
-        """Begin updating every learning group on the rollout it holds."""
+    def start(self, batches: dict, progress: Progress) -> None:
+        """Begin updating every learning group on its batch (``Collector.finish``); a group whose
+        schedule starts learning later (``Schedule.learning_starts`` env steps) is left out until then."""
         self._result, self._error = None, None
         if not self.background:
-            self._update(bootstrap, progress)
+            self._update(batches, progress)
             return
-        self._thread = threading.Thread(target=self._update, args=(bootstrap, progress), name="marlkit-learner",
+        self._thread = threading.Thread(target=self._update, args=(batches, progress), name="marlkit-learner",
                                         daemon=True)
         self._thread.start()
 
-    def _update(self, bootstrap: dict[str, Bootstrap], progress: Progress) -> None:
+    def _update(self, batches: dict, progress: Progress) -> None:
         try:
             metrics = {}
             for g in self.learners:
-                update = self.agents[g].update(bootstrap[g], progress)
+                agent = self.agents[g]
+                if progress.steps < agent.schedule.learning_starts:
+                    continue
+                update = agent.update(batches[g], progress)
                 metrics.update({f"{g}/{k}": v for k, v in update.items()})
             self._result = metrics
         except BaseException as exc:   # re-raised in the main thread by finish()

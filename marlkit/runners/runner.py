@@ -13,7 +13,6 @@ import random
 import shutil
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,9 @@ from marlkit.runners.evaluation import EvaluationStopped, mean_stats, run_episod
 from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
+from marlkit.runners.train_state import TrainState
 from marlkit.runners.worker_acting import WorkerCollector
+from marlkit.storage import StorageLayout
 
 
 @dataclass
@@ -151,23 +152,18 @@ class Runner:
         on resume: the run's latest.pt holds every group's weights, and the files it began from may
         have moved since."""
         names = self._group_agent_names(spec.groups)
-        estimates = {g: get_agent(names[g]).memory_estimate(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs,
-                                                            self.cfg.runner.horizon, spec.state_dtype,
-                                                            key=f"agents.{names[g]}",
-                                                            state_from_obs=spec.state_from_obs)
+        rc = self.cfg.runner
+        estimates = {g: get_agent(names[g]).memory_estimate(StorageLayout(gs, spec, num_envs, rc.horizon,
+                                                                          double=rc.overlapped()),
+                                                            self.cfg.agents[names[g]], key=f"agents.{names[g]}")
                      for g, gs in spec.groups.items()}
-        if self.cfg.runner.overlapped():   # one rollout collected while the last is trained on
-            estimates = {g: replace(e, rollout=2 * e.rollout, shrink=(*e.shrink, "runner.overlap: false"))
-                         for g, e in estimates.items()}
         check_fits(estimates)
         loads = not self.cfg.resume
         run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load and loads else None
         agents = {}
         for i, (g, gs) in enumerate(spec.groups.items()):
-            cls = get_agent(names[g])
-            agents[g] = cls(gs, spec.state_shape, self.cfg.agents[names[g]], num_envs, self.cfg.runner.horizon,
-                            seed=self.cfg.seed * 1000 + i, device=self.cfg.device, state_dtype=spec.state_dtype,
-                            state_channels_last=spec.state_channels_last, state_from_obs=spec.state_from_obs)
+            agents[g] = get_agent(names[g])(gs, spec, self.cfg.agents[names[g]], seed=self.cfg.seed * 1000 + i,
+                                            device=self.cfg.device)
             group_cfg = self.cfg.groups.get(g)
             ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
                 if loads and group_cfg is not None and group_cfg.load else run_ckpt
@@ -220,7 +216,7 @@ class Runner:
                 raise
             finally:
                 self.close()
-                if not finished and not cfg.resume and (state is None or state["steps"] == 0):
+                if not finished and not cfg.resume and (state is None or state.steps == 0):
                     self._discard_run_dir()
                 if failure is not None:
                     self._keep_worker_traceback(failure)
@@ -262,30 +258,26 @@ class Runner:
         return (f"interrupted; {what} {latest} (step {read_steps(latest)} of {self.cfg.runner.total_steps}); "
                 f"continue with: marlkit --resume {self.run_dir}")
 
-    def _fresh_state(self) -> dict:
+    def _fresh_state(self) -> TrainState:
         obs = self.venv.reset(seed=self.cfg.seed * 10_000)
-        return {"steps": 0, "updates": 0, "pending": False, "obs": obs,
-                "hidden": {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()},
-                "recent": deque(maxlen=100), "recent_stats": deque(maxlen=100), "episodes": 0, "best": None,
-                "evaluations": [], "baseline": None,
-                "next_eval": 0, "next_save": self.cfg.runner.save_interval, "next_log": 0}
+        return TrainState(obs, {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()},
+                          next_save=self.cfg.runner.save_interval)
 
-    def _resume_state(self, path: Path) -> dict:
+    def _resume_state(self, path: Path) -> TrainState:
         names = self._group_agent_names(self.venv.spec.groups)
         ckpt = load_checkpoint(path, self.cfg.env_name, names)
         for g, agent in self.agents.items():
             _load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
-        state = pickle.loads(ckpt["runner"])
-        self._saved_steps = state["steps"]
-        state.setdefault("recent_stats", deque(maxlen=100))   # checkpoints from before episode stats
-        state.setdefault("pending", False)                     # and from before overlapped collection
-        if state.pop("venv"):
+        saved = pickle.loads(ckpt["runner"])
+        with_envs = saved.pop("venv")
+        state = TrainState.from_state_dict(saved)
+        self._saved_steps = state.steps
+        if with_envs:
             self.venv.set_state(ckpt["venv"])
         else:
-            if state["pending"]:   # the rollout saved beside the last update is valued where it ended
-                state.setdefault("tail", (state["obs"], state["hidden"]))
-            state["obs"] = self.venv.reset(seed=self.cfg.seed * 10_000 + state["steps"])
-            state["hidden"] = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
+            # a rollout saved beside the last update keeps the observation it ended at, to value its tail
+            state.obs = self.venv.reset(seed=self.cfg.seed * 10_000 + state.steps)
+            state.hidden = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
             tqdm.write("resume: this env is not known to come back exactly from a checkpoint (env.exact_resume "
                        "is false), so it starts fresh episodes; agents, optimisers and counters continue "
                        "exactly, the env trajectory does not")
@@ -295,37 +287,39 @@ class Runner:
         torch.set_rng_state(rng["torch"])
         return state
 
-    def _checkpoint(self, path: Path, state: dict, venv_blob: bytes | None, resumable: bool = True) -> None:
-        # an overlapped run saves with the next rollout collected, which the behaviours hold; best.pt
-        # is never resumed from, so it goes without
-        behaviour = self.collector.state_dict() if state["pending"] and resumable else None
-        runner_state = {**state, "venv": venv_blob is not None, "behaviour": behaviour}
+    def _checkpoint(self, path: Path, state: TrainState, venv_blob: bytes | None, resumable: bool = True) -> None:
+        """An overlapped run saves with the next rollout collected (``state.pending``); best.pt is
+        never resumed from, so it goes without."""
+        if self.collector is not None:
+            carried = self.collector.state_dict()
+            state.policy_streams, state.storage = carried["policy_streams"], carried["storage"]
         if self._wall_time is not None:
-            runner_state["wall_time_s"] = self._wall_time()
+            state.wall_time_s = self._wall_time()
+        runner_state = {**state.state_dict(resumable), "venv": venv_blob is not None}
         save_checkpoint(path, {
             "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
-            "steps": state["steps"], "groups": {g: a.state_dict() for g, a in self.agents.items()},
+            "steps": state.steps, "groups": {g: a.state_dict() for g, a in self.agents.items()},
             "runner": pickle.dumps(runner_state), "venv": venv_blob,
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}})
 
-    def _save_latest(self, state: dict) -> None:
+    def _save_latest(self, state: TrainState) -> None:
         self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
-        self._saved_steps = state["steps"]
+        self._saved_steps = state.steps
 
-    def _save_after_failure(self, state: dict) -> str:
+    def _save_after_failure(self, state: TrainState) -> str:
         """Whatever stops a run (an env error, a dead worker, restarts exhausted) costs no more than
         the rollout in progress: the last rollout boundary is saved, without the envs, which are
         in no state to be snapshotted, so a resume starts fresh episodes. Returns what to tell the user."""
         latest = self.run_dir / "latest.pt"
-        if state["steps"] > self._saved_steps:
+        if state.steps > self._saved_steps:
             self._checkpoint(latest, state, None)
-            self._saved_steps = state["steps"]
+            self._saved_steps = state.steps
         if not latest.is_file():
             return "nothing was learned yet, so nothing was saved"
         return (f"the run up to step {self._saved_steps} is saved in {latest}; once the env is fixed, continue "
                 f"with: marlkit --resume {self.run_dir}")
 
-    def _train_loop(self, result: RunResult, state: dict, eval_venv, stop: StopRequest) -> None:
+    def _train_loop(self, result: RunResult, state: TrainState, eval_venv, stop: StopRequest) -> None:
         """Collect a rollout, update on it, log, evaluate and save, until ``total_steps``. With
         ``runner.overlap`` the collector fills the next rollout (acting with the weights of the update
         before) while the learner updates on the last one; at every boundary both have finished,
@@ -339,43 +333,43 @@ class Runner:
         overlap = rc.overlapped()
         collecting = WorkerCollector if rc.acts_in_workers(cfg.device) else Collector
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
-        collector.load_state_dict(state.pop("behaviour", None) or {})
+        collector.load_state_dict(state.policy_streams, state.storage)
         learner = Learner(self.agents, learners, background=overlap)
-        bar = ProgressBar(total=total, initial=state["steps"], unit="step", disable=not rc.progress,
-                   dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
-        clock = {"t": time.perf_counter(), "steps": state["steps"]}   # of the last log line
+        bar = ProgressBar(total=total, initial=state.steps, unit="step", disable=not rc.progress,
+                          dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
+        clock = {"t": time.perf_counter(), "steps": state.steps}   # of the last log line
         # env steps this process stepped: an overlapped run also holds the rollout past its last update
-        collected = lambda: state["steps"] + (per_update if state["pending"] else 0)   # noqa: E731
+        collected = lambda: state.steps + (per_update if state.pending else 0)   # noqa: E731
         start_t, start_collected = clock["t"], collected()
-        before = state.get("wall_time_s", 0.0)
+        before = state.wall_time_s
         self._wall_time = lambda: before + time.perf_counter() - start_t   # noqa: E731
         try:
-            if eval_venv is not None and state["steps"] >= state["next_eval"]:
+            if eval_venv is not None and state.steps >= state.next_eval:
                 self._evaluate(state, eval_venv, result, stop)
-            while state["steps"] < rc.total_steps:
+            while state.steps < rc.total_steps:
                 metrics = self._next_update(state, collector, learner, per_update, stop)
                 bar.update(per_update)
                 result.metrics = metrics
-                if state["steps"] >= state["next_log"] or state["steps"] >= rc.total_steps:
+                if state.steps >= state.next_log or state.steps >= rc.total_steps:
                     self._log(state, metrics, bar, clock, learner.wait_s if overlap else None)
-                finished = state["steps"] >= rc.total_steps
+                finished = state.steps >= rc.total_steps
                 if stop:
                     self._save_latest(state)
                     raise RunInterrupted(self._interrupt_message(saved_now=True))
-                if eval_venv is not None and (state["steps"] >= state["next_eval"] or finished):
+                if eval_venv is not None and (state.steps >= state.next_eval or finished):
                     try:
                         self._evaluate(state, eval_venv, result, stop)
                     except EvaluationStopped:
                         self._save_latest(state)
                         raise RunInterrupted(self._interrupt_message(saved_now=True)) from None
-                if state["steps"] >= state["next_save"] or finished:
+                if state.steps >= state.next_save or finished:
                     self._save_latest(state)
-                    state["next_save"] = state["steps"] + rc.save_interval
+                    state.next_save = state.steps + rc.save_interval
         except TrainingDivergedError as exc:
             kept = self.run_dir / "latest.pt"
             where = f"the last good checkpoint is {kept}" if kept.is_file() else "no checkpoint was written yet"
             # it diverged in the update of the rollout that ends per_update steps past the last boundary
-            at = state["steps"] + per_update
+            at = state.steps + per_update
             raise TrainingDivergedError(f"training stopped at step {at}: {exc}; {where}") from None
         except EvaluationStopped:
             raise RunInterrupted(self._interrupt_message(saved_now=False)) from None
@@ -391,67 +385,66 @@ class Runner:
             raise
         finally:
             bar.close()
-        result.steps = state["steps"]
-        result.episode_returns = list(state["recent"])
-        result.evaluations = state["evaluations"]
+        result.steps = state.steps
+        result.episode_returns = list(state.recent)
+        result.evaluations = state.evaluations
         elapsed = time.perf_counter() - start_t
         result.metrics["perf/env_steps_per_s_overall"] = (collected() - start_collected) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = before + elapsed
 
-    def _next_update(self, state: dict, collector: Collector, learner: Learner, per_update: int,
+    def _next_update(self, state: TrainState, collector: Collector, learner: Learner, per_update: int,
                      stop: StopRequest) -> dict[str, float]:
-        """One update on the rollout collected last (collected now, unless it waits in the
-        collector), with the next rollout collected beside it when the learner runs in the
+        """One update on the rollout collected last (collected now, unless it waits in
+        ``state.pending``), with the next rollout collected beside it when the learner runs in the
         background; -> the update's metrics and the recent episodes' returns and statistics."""
-        if not state["pending"]:
-            collector.collect(state)
-        steps = state["steps"] + per_update
-        learner.start(collector.hand_over(state), Progress(steps, self.cfg.runner.total_steps,
-                                                           stop_requested=stop.__bool__))
+        total = self.cfg.runner.total_steps
+        collected = state.pending or collector.collect(state, Progress(state.steps, total))
+        steps = state.steps + per_update
+        learner.start(collector.finish(collected), Progress(steps, total, stop_requested=stop.__bool__))
         # beside every update the next rollout, the last update's too: a checkpoint of an overlapped
         # run always holds it, so that a run resumed from it, or extended past its total_steps, goes
         # on exactly as one that never stopped
-        pending = learner.running
+        pending = None
         try:
-            if pending:
-                collector.collect(state)
+            if learner.running:
+                pending = collector.collect(state, Progress(steps, total))
         except Exception:
             # the update goes on to its end; a failure then finds the run at the boundary after it
             # (the rollout cut short is dropped)
             if learner.finish_quietly():
-                state.update(steps=steps, updates=state["updates"] + 1, pending=False)
+                state.steps, state.updates, state.pending = steps, state.updates + 1, None
             raise
         except BaseException:
             learner.finish_quietly()
             raise
         metrics = learner.finish()
-        collector.sync()
+        collector.sync(self.agents)
         # the state moves to the next rollout boundary in one go, so that a failure at any point
         # finds it consistent with the agents' weights
-        state.update(steps=steps, updates=state["updates"] + 1, pending=pending)
-        if state["recent"]:
+        state.steps, state.updates, state.pending = steps, state.updates + 1, pending
+        if state.recent:
             for g in self.agents:
-                metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state["recent"] if g in r]))
-        metrics.update({f"env/{k}": v for k, v in mean_stats(state["recent_stats"]).items()})
+                metrics[f"{g}/episode_return"] = float(np.mean([r[g] for r in state.recent if g in r]))
+        metrics.update({f"env/{k}": v for k, v in mean_stats(state.recent_stats).items()})
         return metrics
 
-    def _log(self, state: dict, metrics: dict, bar, clock: dict, update_wait_s: float | None) -> None:
+    def _log(self, state: TrainState, metrics: dict, bar, clock: dict, update_wait_s: float | None) -> None:
         """A log line (and the progress bar's figures): env-steps/s since the last one, worker
         restarts, and with overlap how long the collector waited for the update (> 0 when the
         update is the slower of the two)."""
         now = time.perf_counter()
-        metrics["perf/env_steps_per_s"] = (state["steps"] - clock["steps"]) / max(now - clock["t"], 1e-9)
-        clock.update(t=now, steps=state["steps"])
+        metrics["perf/env_steps_per_s"] = (state.steps - clock["steps"]) / max(now - clock["t"], 1e-9)
+        clock.update(t=now, steps=state.steps)
         if update_wait_s is not None:
             metrics["perf/update_wait_s"] = update_wait_s
         if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
             metrics["env/worker_restarts"] = self.venv.restarts
-        self.logger.log(metrics, state["steps"])
-        state["next_log"] = state["steps"] + self.cfg.runner.log_interval
+        self.logger.log(metrics, state.steps)
+        state.next_log = state.steps + self.cfg.runner.log_interval
         shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
         if self.venv.restarts:
             shown["restarts"] = self.venv.restarts
-        if state["recent"]:
+        if state.recent:
             shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
         bar.set_postfix(shown, refresh=False)
 
@@ -483,27 +476,25 @@ class Runner:
         row["score"] = self._score(row)
         return row
 
-    def _random_policy(self, spec, num_envs: int) -> dict[str, Agent]:
+    def _random_policy(self, spec) -> dict[str, Agent]:
         cls = get_agent("random")
-        return {g: cls(gs, spec.state_shape, cls.config_cls(), num_envs, self.cfg.runner.horizon)
-                for g, gs in spec.groups.items()}
+        return {g: cls(gs, spec, cls.config_cls()) for g, gs in spec.groups.items()}
 
-    def _evaluate(self, state: dict, eval_venv, result: RunResult, stop=None) -> None:
+    def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
-        if state.get("baseline") is None:   # once per run: a resumed run has it in its checkpoint
-            state["baseline"] = self._evaluation_row(eval_venv, self._random_policy(eval_venv.spec, eval_venv.num_envs),
-                                                     stop)
-            self.logger.log({f"baseline/{g}/return": v for g, v in state["baseline"]["mean"].items()}, state["steps"])
-        result.baseline = state["baseline"]
-        row = {"step": state["steps"], **self._evaluation_row(eval_venv, self.agents, stop)}
+        if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
+            state.baseline = self._evaluation_row(eval_venv, self._random_policy(eval_venv.spec), stop)
+            self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
+        result.baseline = state.baseline
+        row = {"step": state.steps, **self._evaluation_row(eval_venv, self.agents, stop)}
         stats = row.get("env", {})
-        state["evaluations"].append(row)
+        state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
-                         **{f"eval/env/{k}": v for k, v in stats.items()}}, state["steps"])
-        if state["best"] is None or row["score"] > state["best"]["score"]:
-            state["best"] = row
+                         **{f"eval/env/{k}": v for k, v in stats.items()}}, state.steps)
+        if state.best is None or row["score"] > state.best["score"]:
+            state.best = row
             self._checkpoint(self.run_dir / "best.pt", state, None, resumable=False)
-        state["next_eval"] = state["steps"] + rc.eval_interval
+        state.next_eval = state.steps + rc.eval_interval
 
     def benchmark(self) -> RunResult:
         result = self.train(evaluate=True)

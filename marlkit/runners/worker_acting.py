@@ -1,7 +1,7 @@
 """Collection with the acting done in the env workers (``runner.act_in_workers``).
 
-Each env worker process runs an :class:`ActingJob` on its own block of envs: acting copies of the
-agents (``Agent.acting_copy``) act on those envs and store their transitions for a whole rollout,
+Each env worker process runs an :class:`ActingJob` on its own block of envs: snapshots of the
+agents (``Agent.snapshot``) act on those envs and store their transitions for a whole rollout,
 which comes back in one message, instead of one round trip of actions and observations per step.
 This process then only merges the blocks and updates; with ``runner.overlap`` the workers collect
 the next rollout while it does.
@@ -17,18 +17,20 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from marlkit.agents.base import Agent
+from marlkit.agents.base import Agent, Progress
 from marlkit.envs.core import Observation
-from marlkit.runners.collector import Collector, count_episodes
+from marlkit.runners.collector import Collector, bootstrap_of, fill_rollouts
+from marlkit.storage import Collected, Rollout
 
 
 class ActingJob:
-    """Runs in an env worker: ``actors`` (acting copies, one per group, for this worker's envs
-    ``first_env ..``) collect one rollout of ``horizon`` steps per ``run``."""
+    """Runs in an env worker: ``policies`` (snapshots, one per group, for this worker's envs
+    ``first_env ..``) collect one rollout of ``horizon`` steps per ``run`` into ``rollouts`` (the
+    learning groups', empty ones of this block's size)."""
 
-    def __init__(self, actors: dict[str, Agent], learners: list[str], horizon: int, first_env: int,
+    def __init__(self, policies: dict[str, Agent], rollouts: dict[str, Rollout], horizon: int, first_env: int,
                  act_batch: int | None):
-        self.actors, self.learners, self.horizon, self.first_env = actors, learners, horizon, first_env
+        self.policies, self.rollouts, self.horizon, self.first_env = policies, rollouts, horizon, first_env
         self.act_batch = act_batch   # the worker's first env begins a block: its blocks are the runner's
         self.threads = torch.get_num_threads()   # runner.torch_threads, as the runner's process has it
 
@@ -36,30 +38,28 @@ class ActingJob:
         # a spawned worker's torch would start with a thread per core, and the workers and the
         # learner would fight over the cores (acting took 4x as long)
         torch.set_num_threads(self.threads)
-        self.collector = Collector(venv, self.actors, self.learners, self.horizon, overlap=False,
-                                   act_batch=self.act_batch)
+        self.venv = venv
 
     def run(self, arg: tuple) -> dict:
-        """``arg``: (this block's observation and hidden state to start from, new acting states of
-        the groups that changed) -> the block's rollouts, where its streams stand, its finished
-        episodes ``(t, env, episode)`` and where the rollout ended."""
-        obs, hidden, updates = arg
+        """``arg``: (this block's observation and hidden state to start from, new policy states of
+        the groups that changed, the run's progress) -> the block's rollouts, where its streams
+        stand, its finished episodes ``(t, env, episode)`` and where the rollout ended."""
+        obs, hidden, updates, progress = arg
         for g, update in updates.items():
-            self.actors[g].load_acting_state(_unpacked(update))
-        for g in self.learners:
-            self.actors[g].buffer.reset()
-        state = {"obs": obs, "hidden": hidden, "recent": [], "recent_stats": [], "episodes": 0}
-        finished = self.collector.collect(state)
-        return {"rollouts": {g: self.actors[g].buffer for g in self.learners},
-                "streams": {g: actor.streams for g, actor in self.actors.items()},
+            self.policies[g].load_policy_state(_unpacked(update))
+        for rollout in self.rollouts.values():
+            rollout.reset()
+        obs, hidden, finished = fill_rollouts(self.venv, self.policies, self.rollouts, obs, hidden, self.horizon,
+                                              self.act_batch, progress)
+        return {"rollouts": self.rollouts, "streams": {g: policy.streams for g, policy in self.policies.items()},
                 "episodes": [(t, self.first_env + e, episode) for t, e, episode in finished],
-                "obs": state["obs"], "hidden": state["hidden"]}
+                "obs": obs, "hidden": hidden}
 
 
 class WorkerCollector(Collector):
     """The collector of this process when the env workers act: ``collect`` has every worker
-    collect its block of the rollout and joins the blocks into the behaviours' storage, so that
-    handing over, syncing and checkpoints work as with acting here."""
+    collect its block of the rollout and joins the blocks into this process's storage, so that
+    batches, syncing and checkpoints work as with acting here."""
 
     def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
@@ -68,42 +68,44 @@ class WorkerCollector(Collector):
         self.changed: set[str] = set()   # learning groups whose weights the workers have not got yet
 
     def _install(self) -> None:
-        """Acting copies to the workers, made now: after a resume has restored the behaviours."""
+        """Snapshots to the workers, made now: after a resume has restored the policies' streams."""
         self.venv.install_jobs([
-            ActingJob({g: b.acting_copy(first, count) for g, b in self.behaviours.items()}, self.learners,
-                      self.horizon, first, self.act_batch)
+            ActingJob({g: p.snapshot(first, count) for g, p in self.policies.items()},
+                      {g: self.storages[g].new_rollout(count) for g in self.learners}, self.horizon, first,
+                      self.act_batch)
             for first, count in self.venv.blocks])
         self.installed = True
         self.changed.clear()
 
-    def collect(self, state: dict) -> list[tuple[int, int, dict]]:
+    def collect(self, state, progress: Progress | None = None) -> dict[str, Collected]:
         if not self.installed:
             self._install()
-        obs, hidden = state["obs"], state["hidden"]
-        updates = {g: _packed(self.behaviours[g].acting_state()) for g in self.changed}
+        obs, hidden = state.obs, state.hidden
+        updates = {g: _packed(self.policies[g].policy_state()) for g in self.changed}
         self.changed.clear()
         args = [(obs.rows(first, count), {g: h[first:first + count] if h is not None else None
-                                          for g, h in hidden.items()}, updates)
+                                          for g, h in hidden.items()}, updates, progress)
                 for first, count in self.venv.blocks]
         replies = self.venv.run_jobs(args, "collecting a rollout")
+        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
         for g in self.learners:
-            self.behaviours[g].buffer.fill_from([r["rollouts"][g] for r in replies])
-        for g, behaviour in self.behaviours.items():
+            rollouts[g].fill_from([r["rollouts"][g] for r in replies])
+        for g, policy in self.policies.items():
             for reply in replies:
-                behaviour.streams.absorb(reply["streams"][g])
-        state["obs"] = Observation.join([r["obs"] for r in replies])
-        state["hidden"] = {g: _join([r["hidden"][g] for r in replies]) for g in hidden}
+                policy.streams.absorb(reply["streams"][g])
+        state.obs = Observation.join([r["obs"] for r in replies])
+        state.hidden = {g: _join([r["hidden"][g] for r in replies]) for g in hidden}
         finished = sorted((e for r in replies for e in r["episodes"]), key=lambda ended: ended[:2])
-        count_episodes(state, (episode for _, _, episode in finished))
-        return finished
+        state.count_episodes(episode for _, _, episode in finished)
+        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learners}
 
-    def sync(self) -> None:
-        super().sync()
+    def sync(self, agents: dict[str, Agent]) -> None:
+        super().sync(agents)
         self.changed.update(self.learners)
 
-    def load_state_dict(self, state: dict) -> None:
-        super().load_state_dict(state)
-        self.installed = False   # the behaviours' streams may have moved: the workers get them anew
+    def load_state_dict(self, policy_streams: dict, storage: dict) -> None:
+        super().load_state_dict(policy_streams, storage)
+        self.installed = False   # the policies' streams may have moved: the workers get them anew
 
 
 def _join(blocks: list[np.ndarray | None]) -> np.ndarray | None:

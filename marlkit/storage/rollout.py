@@ -1,52 +1,24 @@
-"""On-policy rollout storage ``[T, E, A, ...]`` (time, env, agent), GAE and minibatches."""
+"""On-policy storage: a rollout ``[T, E, A, ...]`` learned from once, and its minibatches."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 
-
-@dataclass
-class Transition:
-    """One vector step of one group, as the runner hands it to ``Agent.store``.
-
-    Arrays are ``[E, A, ...]`` (``state`` and ``episode_end`` are per env). ``hidden`` is the hidden
-    state that was fed to ``act``; ``final_obs``/``final_state`` are the last observation before an
-    auto-reset (used to bootstrap truncated episodes); ``extras`` travel untouched from ``ActOut``;
-    ``agent_end`` ``[E, A]`` marks agents whose own episode ended while their env goes on (None: none
-    did), so that training resets their memory where acting did; ``final_action_mask`` is the action
-    mask that goes with ``final_obs`` (None: every action allowed), for agents that pick an action
-    there to value a truncated episode (COMA's Q of a joint action).
-    """
-
-    obs: np.ndarray
-    state: np.ndarray
-    agent_mask: np.ndarray
-    action_mask: np.ndarray
-    actions: np.ndarray
-    log_prob: np.ndarray
-    value: np.ndarray | None
-    reward: np.ndarray
-    terminated: np.ndarray
-    truncated: np.ndarray
-    episode_end: np.ndarray
-    final_obs: np.ndarray
-    final_state: np.ndarray
-    hidden: np.ndarray | None = None
-    next_hidden: np.ndarray | None = None
-    extras: dict[str, np.ndarray] = field(default_factory=dict)
-    agent_end: np.ndarray | None = None
-    final_action_mask: np.ndarray | None = None
+from marlkit.spec import action_layout
+from marlkit.storage.layout import Bootstrap, Collected, Storage, StorageLayout, Transition
 
 
-class RolloutBuffer:
-    """Fixed-size storage for one group; every field is ``[T, E, A, ...]`` or ``[T, E, ...]``.
+class Rollout:
+    """One collect of one group: every field is ``[T, E, A, ...]`` or ``[T, E, ...]``.
 
     ``state_shape=None`` is for agents that never read the global state: ``state`` is then an
-    empty ``[T, E, 0]`` array and the states handed in are not kept.
+    empty ``[T, E, 0]`` array and the states handed in are not kept. ``finals`` lists, for each
+    step where an agent's episode was cut by a time limit, ``(t, e, final obs, final state, next
+    hidden, final action mask)``: what its truncated episode bootstraps from.
     """
 
     def __init__(self, horizon: int, num_envs: int, n_agents: int, obs_shape: tuple, obs_dtype,
@@ -73,13 +45,8 @@ class RolloutBuffer:
         self.has_values = False
         self.step = 0
 
-    def empty_like(self) -> "RolloutBuffer":
-        """A second buffer of the same shapes and dtypes, empty (overlapped collection fills one while
-        the other is trained on)."""
-        return self.for_envs(self.num_envs)
-
-    def for_envs(self, num_envs: int) -> "RolloutBuffer":
-        """An empty buffer of this one's layout for ``num_envs`` envs (an env worker's share of them,
+    def for_envs(self, num_envs: int) -> "Rollout":
+        """An empty rollout of this one's layout for ``num_envs`` envs (an env worker's share of them,
         ``runner.act_in_workers``)."""
         twin = copy.copy(self)
         for name, value in vars(self).items():
@@ -91,9 +58,9 @@ class RolloutBuffer:
         twin.reset()
         return twin
 
-    def fill_from(self, parts: list["RolloutBuffer"]) -> None:
-        """Hold the full rollouts of ``parts``, the buffers of consecutive blocks of this buffer's
-        envs in env order (what the env workers collected), written into this buffer's arrays."""
+    def fill_from(self, parts: list["Rollout"]) -> None:
+        """Hold the full rollouts of ``parts``, those of consecutive blocks of this rollout's envs in
+        env order (what the env workers collected), written into this rollout's arrays."""
         if sum(p.num_envs for p in parts) != self.num_envs or not all(p.full for p in parts):
             raise ValueError(f"{len(parts)} partial rollouts of {[p.num_envs for p in parts]} envs and "
                              f"{[p.step for p in parts]} steps do not make one of {self.num_envs} envs")
@@ -118,7 +85,7 @@ class RolloutBuffer:
 
     def add(self, tr: Transition) -> None:
         if self.full:
-            raise RuntimeError("rollout buffer is full; call update() before storing more steps")
+            raise RuntimeError(f"the rollout is full ({self.horizon} steps); start the next one before storing more")
         t = self.step
         self.obs[t] = tr.obs
         if self.stores_state:
@@ -167,52 +134,59 @@ class RolloutBuffer:
         return np.concatenate([first[None], self.ends()[:-1]], 0)
 
 
-def last_present_value(value: np.ndarray, agent_mask: np.ndarray) -> np.ndarray:
-    """``[E, A]``: each slot's value at its last present step of the rollout (0 if never present).
-    The neutral bootstrap for an agent that is absent right after the rollout, e.g. between two of
-    its decisions: nothing is known about its future, so assume it stays where it was."""
-    T = value.shape[0]
-    last_t = np.where(agent_mask.any(0), T - 1 - np.argmax(agent_mask[::-1], axis=0), -1)
-    picked = np.take_along_axis(value, np.maximum(last_t, 0)[None], 0)[0]
-    return np.where(last_t >= 0, picked, 0.0).astype(np.float32)
+@dataclass
+class RolloutBatch:
+    """What an on-policy update learns from: the rollout, the observation after it, and
+    ``episode_start`` ``[T, E, A]``: step t opens the agent's episode (its env was reset, or its own
+    episode ended, after step t-1), where acting reset its memory."""
+
+    rollout: Rollout
+    bootstrap: Bootstrap
+    episode_start: np.ndarray
+
+    @property
+    def num_steps(self) -> int:
+        """Env steps the rollout holds (``T * E``)."""
+        return self.rollout.horizon * self.rollout.num_envs
 
 
-def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-                episode_end: np.ndarray, agent_mask: np.ndarray, truncation_value: np.ndarray,
-                last_value: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
-    """Generalised advantage estimation over ``[T, E, A]`` with masks.
+class RolloutStorage(Storage):
+    """A rollout per collect, learned from once: two alternate with ``layout.double`` (one is
+    collected while the other is trained on). It carries the episode starts from one rollout to the
+    next (``RolloutBatch.episode_start`` at t=0)."""
 
-    - termination: the successor is worth 0; truncation: it is worth ``truncation_value[t]``, the
-      value of the final observation; either way the advantage does not flow across the cut;
-    - masked slots (agent absent) get advantage 0 and are skipped: a present step takes its
-      successor's value and advantage from the agent's next present step in the same episode, and
-      the rewards of the absent steps in between (an agent acting every k-th step is paid when it
-      next decides); an agent's episode may also end while it is absent (``terminated`` or
-      ``truncated`` there, per-agent episodes), which cuts it as if the cut were at its last action;
-    - ``last_value`` ``[E, A]`` bootstraps the step after the rollout.
-    Time is counted in the agent's decisions: one ``gamma`` from a present step to the next.
-    Returns (advantages, returns), both 0 where the agent is absent.
-    """
-    T = reward.shape[0]
-    advantages = np.zeros_like(reward, dtype=np.float32)
-    next_value = last_value.astype(np.float32).copy()
-    next_adv = np.zeros_like(next_value)
-    pending = np.zeros_like(next_value)    # rewards of absent steps after t, owed to the last action
-    for t in reversed(range(T)):
-        present = agent_mask[t]
-        env_end = episode_end[t][:, None] if episode_end.ndim == 2 else episode_end[t]
-        ended = terminated[t] | truncated[t] | env_end
-        successor = np.where(terminated[t], 0.0,
-                             np.where(truncated[t], truncation_value[t], np.where(env_end, 0.0, next_value)))
-        reward_t = reward[t] + np.where(ended, 0.0, pending)
-        delta = reward_t + gamma * successor - value[t]
-        adv = delta + gamma * lam * np.where(ended, 0.0, next_adv)
-        advantages[t] = np.where(present, adv, 0.0)
-        next_adv = np.where(present, adv, np.where(ended, 0.0, next_adv))
-        next_value = np.where(present, value[t], np.where(ended, successor, next_value))
-        pending = np.where(present, 0.0, reward_t)
-    returns = np.where(agent_mask, advantages + value, 0.0).astype(np.float32)
-    return advantages, returns
+    def __init__(self, layout: StorageLayout, stores_state: bool, hidden_shape: tuple | None = None):
+        self.layout = layout
+        group = layout.group
+        action_shape, action_dtype = action_layout(group.action_space)
+        first = Rollout(layout.horizon, layout.num_envs, group.n_agents, group.obs_shape,
+                        group.observation_space.dtype or np.float32,
+                        layout.env.state_shape if stores_state else None, action_shape, action_dtype,
+                        group.n_actions, hidden_shape, layout.env.state_dtype)
+        self._rollouts = [first, first.for_envs(layout.num_envs)] if layout.double else [first]
+        self._turn = 0
+        self._episode_start = np.ones((layout.num_envs, group.n_agents), bool)
+
+    def next_rollout(self) -> Rollout:
+        rollout = self._rollouts[self._turn]
+        self._turn = (self._turn + 1) % len(self._rollouts)
+        rollout.reset()
+        return rollout
+
+    def new_rollout(self, num_envs: int) -> Rollout:
+        return self._rollouts[0].for_envs(num_envs)
+
+    def finish(self, collected: Collected) -> RolloutBatch:
+        rollout = collected.rollout
+        episode_start = rollout.episode_start(self._episode_start)
+        self._episode_start = rollout.ends()[-1]
+        return RolloutBatch(rollout, collected.bootstrap, episode_start)
+
+    def state_dict(self) -> dict:
+        return {"episode_start": self._episode_start.copy()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._episode_start = state["episode_start"].copy()
 
 
 def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length: int,
