@@ -737,6 +737,34 @@ def test_a_script_that_never_closes_its_env_exits_and_leaves_no_scene(tmp_path):
     assert gone_soon(standin_pids(tag), 1.0) == []
 
 
+def listening_addresses(port: int) -> set:
+    """The local addresses of the TCP sockets listening on ``port`` (from /proc/net/tcp and tcp6,
+    where addresses are 32-bit words in host byte order; an IPv4 address held by an IPv6 socket,
+    ``::ffff:a.b.c.d``, as the IPv4 address it is)."""
+    import ipaddress
+
+    out = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            host, hex_port = local.split(":")
+            if state != "0A" or int(hex_port, 16) != port:   # 0A: LISTEN
+                continue
+            raw = bytes.fromhex(host)
+            address = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            out.add(getattr(address, "ipv4_mapped", None) or address)
+    return out
+
+
+def test_the_port_a_scene_connects_to_listens_on_loopback_only():
+    """ML-Agents' gRPC server listened on every interface ([::]); the scene connects over loopback."""
+    import ipaddress
+
+    with make(None)[0] as env:
+        env.step(zero_actions(env))   # connected, and answering
+        assert listening_addresses(env.port) == {ipaddress.ip_address("127.0.0.1")}
+
+
 def test_the_env_is_a_context_manager(tmp_path):
     with make(None)[0] as env:
         tag = env.cfg.additional_args[1]

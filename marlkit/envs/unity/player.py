@@ -10,6 +10,10 @@ Editor; the build is launched through :mod:`marlkit.envs.processes` (its own pro
 watched from the moment it exists) right before the handshake, and every exit path kills that
 group. Live scenes are closed before the interpreter joins its threads.
 
+ML-Agents' gRPC server listens on every interface (``[::]``, so that a player in a Docker container
+can connect); here it listens on 127.0.0.1 alone, since marlkit launches its players on this
+machine and the protocol has no authentication.
+
 Imported only when a unity env is built (it imports mlagents-envs).
 """
 from __future__ import annotations
@@ -19,9 +23,14 @@ import os
 import sys
 import threading
 import weakref
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 from mlagents_envs import env_utils
+from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import add_UnityToExternalProtoServicer_to_server
 from mlagents_envs.environment import UnityEnvironment
+from mlagents_envs.exception import UnityWorkerInUseException
+from mlagents_envs.rpc_communicator import RpcCommunicator, UnityToExternalServicerImplementation
 
 from marlkit.envs import processes
 from marlkit.errors import ConfigError
@@ -53,6 +62,24 @@ def launch_path(file_name: str) -> str:
     return launch
 
 
+class _Communicator(RpcCommunicator):
+    """ML-Agents' server, on 127.0.0.1."""
+
+    def create_server(self):
+        self.check_port(self.port)
+        try:
+            self.server = grpc.server(thread_pool=ThreadPoolExecutor(max_workers=10),
+                                      options=(("grpc.so_reuseport", 1),))
+            self.unity_to_external = UnityToExternalServicerImplementation()
+            add_UnityToExternalProtoServicer_to_server(self.unity_to_external, self.server)
+            self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+            self.server.start()
+            self.is_open = True
+        except Exception:
+            raise UnityWorkerInUseException(self.worker_id) from None
+
+
+
 class Player(UnityEnvironment):
     """``UnityEnvironment`` for the build ``file_name`` (None: the Editor, nothing is launched),
     listening on ``port`` (None: ML-Agents' Editor port)."""
@@ -69,6 +96,10 @@ class Player(UnityEnvironment):
         # also keep every scene ever opened alive
         atexit.unregister(self._close)
         _LIVE.add(self)
+
+    @staticmethod
+    def _get_communicator(worker_id, base_port, timeout_wait):
+        return _Communicator(worker_id, base_port, timeout_wait)
 
     def _send_academy_parameters(self, init_parameters):
         # the server listens by now: the player may connect as soon as it runs; the build is checked
