@@ -722,6 +722,60 @@ def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
     assert [p for p in got if running(p)] == []
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` right now, by the parent ids in /proc."""
+    tree: dict[int, list[int]] = {}
+    for child in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        tree.setdefault(_parent(child), []).append(child)
+    out, todo = set(), [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def is_watcher(pid: int) -> bool:
+    return b"groups = set()" in _cmdline(pid)
+
+
+@pytest.mark.parametrize("parallels", [1, 2])
+def test_sigkill_while_the_scenes_start_leaves_no_process(tmp_path, parallels):
+    """The training process killed with SIGKILL while its scenes are still starting (in process for
+    one env, in env workers for two, each blocked in the handshake): its env workers, the scenes and
+    their watchers are all gone within seconds, not when the scenes would have connected."""
+    import signal
+    import subprocess
+
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
+                             "--set", f"env.file_name={STANDIN}", f"env.additional_args=[--tag, {tag}, --start-delay, 120]",
+                             "env.timeout_wait=180", f"runner.parallels={parallels}",
+                             f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while not (len(standin_pids(tag)) == parallels and sum(map(is_watcher, seen)) == parallels):
+            assert proc.poll() is None and time.monotonic() < deadline, (proc.returncode, seen)
+            seen |= descendants(proc.pid)
+            time.sleep(0.05)
+        time.sleep(0.5)
+        seen |= descendants(proc.pid)
+        assert set(standin_pids(tag)) <= seen
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert gone_soon(list(seen), 3.0) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in seen:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_script_that_never_closes_its_env_exits_and_leaves_no_scene(tmp_path):
     """ML-Agents' server thread kept the interpreter alive at exit; the env closes itself first."""
     import subprocess

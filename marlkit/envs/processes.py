@@ -14,9 +14,15 @@ moment it exists:
   cleanup) its pipe closes and the watcher kills every group still recorded;
 - :func:`stop` waits a grace period for the process to exit, then kills its group (children a
   launcher left behind included) and forgets it.
+
+The watcher acts when the launching process is gone. An env worker, though, launches on behalf of
+its parent: when that parent is killed while the worker waits for a scene to start, nothing will
+ever use the scene, so the worker's waits include its :func:`lifeline` and end the worker at once;
+its watcher then removes its groups.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -44,6 +50,14 @@ for pgid in groups:
 _lock = threading.Lock()
 _watcher: subprocess.Popen | None = None
 _groups: set[int] = set()
+
+
+def lifeline() -> int | None:
+    """In a process that multiprocessing started (an env worker), a file descriptor that becomes
+    readable (end of file) once the process that started it is gone, however it ended; None in
+    any other process."""
+    parent = multiprocessing.parent_process()
+    return None if parent is None else parent.sentinel
 
 
 def group_alive(pgid: int) -> bool:

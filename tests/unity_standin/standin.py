@@ -29,7 +29,8 @@ and the fields that ended.
 environment parameters, decoded.
 
 Fault modes for tests: ``--die-after K`` exits abruptly after K steps, ``--hang-after K`` stops
-answering after K steps, ``--never-connect`` never calls the server.
+answering after K steps, ``--never-connect`` never calls the server, ``--start-delay S`` connects
+only after S seconds (a scene slow to load).
 """
 from __future__ import annotations
 
@@ -282,6 +283,7 @@ def parse(argv: list[str]):
     parser.add_argument("--die-after", type=int, default=None)
     parser.add_argument("--hang-after", type=int, default=None)
     parser.add_argument("--never-connect", action="store_true")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     args, _unity_flags = parser.parse_known_args(argv)  # -batchmode, -nographics, -logFile ... as a player gets
     return args
 
@@ -291,6 +293,7 @@ def main(argv: list[str]) -> int:
     if args.never_connect:
         while True:
             time.sleep(60)
+    time.sleep(args.start_delay)
     scene = Scene(args)
     channel = grpc.insecure_channel(f"localhost:{args.mlagents_port}")
     grpc.channel_ready_future(channel).result(timeout=60)

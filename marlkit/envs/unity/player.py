@@ -12,7 +12,9 @@ group. Live scenes are closed before the interpreter joins its threads.
 
 ML-Agents' gRPC server listens on every interface (``[::]``, so that a player in a Docker container
 can connect); here it listens on 127.0.0.1 alone, since marlkit launches its players on this
-machine and the protocol has no authentication.
+machine and the protocol has no authentication. Its waits are bounded by ``timeout_wait`` (its
+handshake waited without limit for the player's second message) and given up when the process
+that started this one is gone (:func:`marlkit.envs.processes.lifeline`).
 
 Imported only when a unity env is built (it imports mlagents-envs).
 """
@@ -22,20 +24,24 @@ import atexit
 import os
 import sys
 import threading
+import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import wait
 
 import grpc
 from mlagents_envs import env_utils
+from mlagents_envs.communicator_objects.unity_message_pb2 import UnityMessageProto
 from mlagents_envs.communicator_objects.unity_to_external_pb2_grpc import add_UnityToExternalProtoServicer_to_server
 from mlagents_envs.environment import UnityEnvironment
-from mlagents_envs.exception import UnityWorkerInUseException
+from mlagents_envs.exception import UnityTimeOutException, UnityWorkerInUseException
 from mlagents_envs.rpc_communicator import RpcCommunicator, UnityToExternalServicerImplementation
 
 from marlkit.envs import processes
 from marlkit.errors import ConfigError
 
 EXIT_GRACE = 5.0   # seconds a scene gets to quit on its own at interpreter exit
+POLL_S = 1.0       # how often a wait for the scene checks that its process still runs
 # The first bytes of a file the launch wrapper may exec: a native executable or a script naming its
 # interpreter. Anything else (a text file with the run bit) would be run by /bin/sh as commands.
 _LAUNCHABLE = (b"\x7fELF", b"#!") + ((b"\xcf\xfa\xed\xfe", b"\xce\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
@@ -63,7 +69,9 @@ def launch_path(file_name: str) -> str:
 
 
 class _Communicator(RpcCommunicator):
-    """ML-Agents' server, on 127.0.0.1."""
+    """ML-Agents' server on 127.0.0.1, whose every wait ends within ``timeout_wait`` seconds, sooner
+    when the player's process exits, and with :class:`SystemExit` when this process's lifeline
+    says that the process that started it is gone."""
 
     def create_server(self):
         self.check_port(self.port)
@@ -78,6 +86,39 @@ class _Communicator(RpcCommunicator):
         except Exception:
             raise UnityWorkerInUseException(self.worker_id) from None
 
+    def _wait(self, deadline: float, poll_callback) -> None:
+        conn = self.unity_to_external.parent_conn
+        lifeline = processes.lifeline()
+        watched = [conn] if lifeline is None else [conn, lifeline]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UnityTimeOutException(f"no message from the player within {self.timeout_wait} s")
+            ready = wait(watched, min(remaining, POLL_S))
+            if conn in ready:
+                return
+            if ready:
+                raise SystemExit("the process that started this one is gone, so nothing waits for its Unity scene")
+            if poll_callback is not None:
+                poll_callback()
+
+    def poll_for_timeout(self, poll_callback=None) -> None:
+        self._wait(time.monotonic() + self.timeout_wait, poll_callback)
+
+    def initialize(self, inputs, poll_callback=None):
+        # the player's initialization message, our answer, then its first message: one handshake,
+        # one timeout_wait
+        deadline = time.monotonic() + self.timeout_wait
+        conn = self.unity_to_external.parent_conn
+        self._wait(deadline, poll_callback)
+        academy = conn.recv().unity_output
+        message = UnityMessageProto()
+        message.header.status = 200
+        message.unity_input.CopyFrom(inputs)
+        conn.send(message)
+        self._wait(deadline, poll_callback)
+        conn.recv()
+        return academy
 
 
 class Player(UnityEnvironment):
