@@ -20,6 +20,7 @@ from marlkit.errors import ConfigError
 from marlkit.registry import closest, get_agent, get_env_type
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+WORKER_TIMEOUT = 60.0   # runner.worker_timeout, unless the env type derives another
 
 
 def _range(lo=None, hi=None, **extra) -> dict:
@@ -102,7 +103,9 @@ class RunnerConfig:
     # auto: fork on Linux where this process has no other thread (workers start at once, torch
     # already imported), else spawn
     start_method: Literal["auto", "spawn", "forkserver", "fork"] = "auto"
-    worker_timeout: float = field(default=60.0, metadata=_range(0.1))
+    # seconds an env worker may take for one command; null: what the env type derives (Unity: from
+    # env.timeout_wait and env.max_failures, so that a scene is relaunched before its worker is given up)
+    worker_timeout: Optional[float] = field(default=WORKER_TIMEOUT, metadata=_range(0.1))
     worker_start_timeout: float = field(default=120.0, metadata=_range(0.1))
     horizon: int = field(default=25, metadata=_range(1))
     total_steps: int = field(default=500_000, metadata=_range(1))
@@ -518,6 +521,8 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
             agent_cls.check_config(cfg.agents[name], cfg.runner, f"agents.{name}")
     if checks:
         env_cls.check_config(cfg)
+    if cfg.runner.worker_timeout is None:   # null, and no env type check derived it
+        cfg.runner.worker_timeout = WORKER_TIMEOUT
     return cfg
 
 

@@ -30,7 +30,8 @@ environment parameters, decoded.
 
 Fault modes for tests: ``--die-after K`` exits abruptly after K steps, ``--hang-after K`` stops
 answering after K steps, ``--never-connect`` never calls the server, ``--start-delay S`` connects
-only after S seconds (a scene slow to load).
+only after S seconds (a scene slow to load). With ``--fault-once PATH`` the die or hang fault
+happens in one launch only, the first to create PATH: a relaunched scene then runs on.
 """
 from __future__ import annotations
 
@@ -284,8 +285,21 @@ def parse(argv: list[str]):
     parser.add_argument("--hang-after", type=int, default=None)
     parser.add_argument("--never-connect", action="store_true")
     parser.add_argument("--start-delay", type=float, default=0.0)
+    parser.add_argument("--fault-once", default=None)
     args, _unity_flags = parser.parse_known_args(argv)  # -batchmode, -nographics, -logFile ... as a player gets
     return args
+
+
+def claim_fault(path: str | None) -> bool:
+    """Whether this launch is the one to fail: always without ``--fault-once``, else the first to
+    create ``path``."""
+    if path is None:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
@@ -313,9 +327,9 @@ def main(argv: list[str]) -> int:
         if command == RESET:
             message = scene.answer(scene.reset())
         elif command == STEP:
-            if args.die_after is not None and scene.steps >= args.die_after:
+            if args.die_after is not None and scene.steps >= args.die_after and claim_fault(args.fault_once):
                 os._exit(3)
-            if args.hang_after is not None and scene.steps >= args.hang_after:
+            if args.hang_after is not None and scene.steps >= args.hang_after and claim_fault(args.fault_once):
                 while True:
                     time.sleep(60)
             message = scene.answer(scene.step(reply.unity_input.rl_input.agent_actions))

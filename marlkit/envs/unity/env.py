@@ -48,6 +48,8 @@ log = logging.getLogger("marlkit.unity")
 
 ENGINE_SETTINGS = ("width", "height", "quality_level", "time_scale", "target_frame_rate", "capture_frame_rate")
 INTEGER_SETTINGS = ("width", "height", "quality_level", "target_frame_rate", "capture_frame_rate")
+STOP_GRACE = 5.0      # seconds a failed scene gets to quit on its own before its processes are killed
+WORKER_SLACK = 30.0   # seconds an env worker's command may take beyond its scene's longest call
 
 
 @dataclass
@@ -101,6 +103,21 @@ def engine_config(cfg: UnityConfig) -> dict:
     if ("width" in settings) != ("height" in settings):
         raise ConfigError("env.engine: set width and height together (the screen resolution)")
     return settings
+
+
+def longest_call(cfg: UnityConfig) -> float:
+    """The longest one reset or step of a scene takes before it returns or raises: an exchange that
+    times out and the stop of that scene, then the relaunches ``max_failures`` allows, each a
+    handshake and a reset that may time out, and a stop."""
+    first = cfg.timeout_wait + STOP_GRACE
+    return first + (cfg.max_failures - 1) * (2 * cfg.timeout_wait + STOP_GRACE) if cfg.restart_on_failure else first
+
+
+def worker_timeout(cfg: UnityConfig) -> float:
+    """The shortest ``runner.worker_timeout`` that lets the scene's own timeout and relaunches come
+    first: :func:`longest_call`, and time for the worker's other work in that command (its other
+    envs' steps, acting on its envs)."""
+    return longest_call(cfg) + WORKER_SLACK
 
 
 def free_port() -> int:
@@ -226,6 +243,7 @@ class UnityEnv(MultiAgentEnv):
 
     @classmethod
     def check_config(cls, cfg) -> None:
+        cls._order_timeouts(cfg)
         if cfg.env.file_name is not None:
             # on a Ray cluster the build is opened on the nodes that host the envs, which may be all
             # the machines that have it; evaluation (--benchmark) and --test play on this one
@@ -243,6 +261,26 @@ class UnityEnv(MultiAgentEnv):
         if used > 1:
             raise ConfigError(f"env.file_name is null, so the env is the Unity Editor, which is one scene, but "
                               f"{key} is {used}: set {key}=1, or point env.file_name at a build")
+
+    @staticmethod
+    def _order_timeouts(cfg) -> None:
+        """An env worker waits ``runner.worker_timeout`` seconds for a step before it gives the run
+        up, so it must wait out the scene's own timeout and relaunches (:func:`longest_call`): null
+        (the packaged YAML's) is derived from them, and a shorter setting is refused."""
+        rc, needed = cfg.runner, worker_timeout(cfg.env)
+        if rc.worker_timeout is None:
+            rc.worker_timeout = needed
+        elif rc.worker_timeout < needed and rc.envs_in_workers() and cfg.mode != "test":
+            env = cfg.env
+            settings, parts = f"env.timeout_wait={env.timeout_wait}", "its stop"
+            if env.restart_on_failure:
+                settings += f" and env.max_failures={env.max_failures}"
+                parts = f"its stop and {env.max_failures - 1} relaunches"
+            raise ConfigError(
+                f"runner.worker_timeout={rc.worker_timeout:g} is less than the {needed:g} s an env worker may need "
+                f"for one step of a Unity scene with {settings} (the scene's timeout, {parts}, plus "
+                f"{WORKER_SLACK:g} s for the worker's other work), so the worker would be given up first; set "
+                f"runner.worker_timeout to null (derived) or at least {needed:g}, or lower env.timeout_wait")
 
     @staticmethod
     def _check_build(file_name: str) -> None:
@@ -495,7 +533,7 @@ class UnityEnv(MultiAgentEnv):
         if env is not None:
             # ML-Agents' own shutdown (status 400 to the scene), with a short grace before the kill
             # rather than timeout_wait: a scene that stopped answering is not waited for twice
-            env._close(timeout=5)
+            env._close(timeout=STOP_GRACE)
 
     def __del__(self):
         self.close()
