@@ -33,6 +33,7 @@ import dataclasses
 import logging
 import re
 import socket
+import traceback
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -41,7 +42,7 @@ from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig, _range
 from marlkit.envs import ports
-from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation
+from marlkit.envs.core import EnvAPIError, EnvSpec, EnvWorkerError, GroupSpec, MultiAgentEnv, Observation
 from marlkit.registry import register_env
 
 log = logging.getLogger("marlkit.unity")
@@ -72,8 +73,19 @@ class UnityConfig(EnvConfig):
     max_failures: int = field(default=3, metadata=_range(1))   # scene failures in a row that stop the run
 
 
-class UnityEnvError(RuntimeError):
-    """The scene did not connect, stopped answering or exited; its process is gone when this is raised."""
+class UnityEnvError(EnvWorkerError):
+    """The scene did not connect, stopped answering or exited; its process is gone when this is raised.
+
+    A scene is the env's worker process: its failure is reported as an env worker's is, in one line,
+    with the stack where it was raised in ``worker_traceback`` (which a failed run keeps in its
+    ``error.log``), also when the scene is stepped in this process."""
+
+    def __init__(self, message: str, worker_traceback: str | None = None):
+        if worker_traceback is None:
+            stack = traceback.format_stack()[:-1]
+            worker_traceback = "".join(["Traceback (most recent call last):\n", *stack,
+                                        f"{type(self).__name__}: {message}\n"])
+        super().__init__(message, worker_traceback)
 
 
 def _import_mlagents():
@@ -343,7 +355,8 @@ class UnityEnv(MultiAgentEnv):
                     raise ConfigError(f"unity env {index}: port {port or 5004}, where the Unity Editor connects, "
                                       "is in use, by another run or program; stop that one first") from None
                 if attempt == 4:
-                    raise
+                    raise UnityEnvError(f"unity env {index}: every free port drawn was taken by another program "
+                                        "before its server could bind it, 5 times; start the run again") from None
             except UnityTimeOutException:  # the player's process group is gone
                 where = f"build {cfg.file_name!r}" if cfg.file_name else "the Unity Editor (press Play)"
                 raise UnityEnvError(f"unity env {index}: {where} did not connect to port {port or 5004} "
