@@ -324,7 +324,7 @@ def test_hybrid_actions_arrive_unchanged(tmp_path):
         gs = env.spec.groups["team_0"]
         assert isinstance(gs.action_space, spaces.Tuple) and gs.n_actions == 9
         ob = env.reset()
-        policy = {g: RandomAgent(env.spec.groups[g], env.spec.state_shape, None, 1, 1, seed=i)
+        policy = {g: RandomAgent(env.spec.groups[g], env.spec, None, seed=i)
                   for i, g in enumerate(env.spec.groups)}
         sent = []
         for t in range(4):
