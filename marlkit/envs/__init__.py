@@ -5,6 +5,7 @@ from marlkit.envs.factory import make_env, make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.envs import doom  # noqa: F401  (registers env.type 'doom'; vizdoom is imported lazily)
 from marlkit.envs import unity  # noqa: F401  (registers env.type 'unity'; mlagents-envs is imported lazily)
+from marlkit.envs import gymma  # noqa: F401  (registers env.type 'gymma'; the env's module is imported lazily)
 from marlkit.envs.vector import SubprocVectorEnv, SyncVectorEnv, VectorEnv
 
 __all__ = ["EnvAPIError", "EnvSpec", "EnvWorkerError", "GroupSpec", "MultiAgentEnv", "Observation",
