@@ -40,32 +40,6 @@ class ModelConfig:
 
 
 @dataclass
-class OnPolicyConfig:
-    """Settings shared by every on-policy agent (PPO-family defaults from the MAPPO paper)."""
-
-    lr: float = field(default=7e-4, metadata=_range(0.0))
-    critic_lr: Optional[float] = field(default=None, metadata=_range(0.0))
-    lr_schedule: Literal["constant", "linear"] = "constant"   # linear: to 0 at runner.total_steps
-    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
-    gae_lambda: float = field(default=0.95, metadata=_range(0.0, 1.0))
-    clip: float = field(default=0.2, metadata=_range(0.0))
-    value_clip: Optional[float] = field(default=0.2, metadata=_range(0.0))
-    epochs: int = field(default=10, metadata=_range(1))
-    minibatches: int = field(default=1, metadata=_range(1))
-    entropy_coef: float = field(default=0.01, metadata=_range(0.0))
-    value_coef: float = field(default=1.0, metadata=_range(0.0))
-    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
-    huber_delta: Optional[float] = field(default=10.0, metadata=_range(0.0))
-    value_norm: bool = True
-    advantage_norm: bool = True
-    use_agent_id: bool = True
-    chunk_length: Optional[int] = field(default=None, metadata=_range(1))
-    log_std_init: float = -0.5
-    actor: ModelConfig = field(default_factory=ModelConfig)
-    critic: ModelConfig = field(default_factory=ModelConfig)
-
-
-@dataclass
 class EnvConfig:
     """Settings every env type understands; each env type extends it with its own fields."""
 

@@ -92,6 +92,9 @@ class EnvSpec:
     # of its own): a critic gains nothing from it that the observations do not hold, so MAPPO's
     # ``critic_input: auto`` reads the observations themselves (a pooled critic) instead
     state_from_obs: bool = False
+    # the most steps an episode lasts, where the env knows it (its time limit), else None: a replay of
+    # episodes sizes its slots with it
+    episode_limit: int | None = None
 
     def signature(self) -> dict:
         return {g: spec.signature() for g, spec in self.groups.items()}

@@ -388,3 +388,48 @@ class TrajectoryJob:
             out += [res.next.obs["agents"].copy(), res.reward["agents"].copy()]
             out += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
         return out
+
+
+class SignalEnv(ParallelEnv):
+    """Two agents see the same signal ``s`` (one of ``n`` values, one-hot, drawn anew every step) and
+    are paid 1 each when both pick action ``s``, else 0: a team that coordinates earns ``length``
+    per episode, a random one ``length / n ** 2``. Episodes end by the time limit (truncation)."""
+
+    metadata = {"name": "signal_v0", "render_fps": 5}
+
+    def __init__(self, n=3, length=5):
+        self.possible_agents = ["agent_0", "agent_1"]
+        self.n, self.length = n, length
+        self._obs_space = spaces.Box(0, 1, (n,), np.float32)
+        self._act_space = spaces.Discrete(n)
+
+    def observation_space(self, agent):
+        return self._obs_space
+
+    def action_space(self, agent):
+        return self._act_space
+
+    def _observe(self):
+        self.signal = int(self.np_random.integers(self.n))
+        return {a: np.eye(self.n, dtype=np.float32)[self.signal] for a in self.agents}
+
+    def reset(self, seed=None, options=None):
+        if seed is not None or not hasattr(self, "np_random"):
+            self.np_random = np.random.default_rng(seed)
+        self.t, self.agents = 0, list(self.possible_agents)
+        return self._observe(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        acting = list(self.agents)
+        paid = float(all(actions[a] == self.signal for a in acting))
+        self.t += 1
+        done = self.t >= self.length
+        obs = self._observe()
+        if done:
+            self.agents = []
+        return (obs, {a: paid for a in acting}, {a: False for a in acting}, {a: done for a in acting},
+                {a: {} for a in acting})
+
+
+def signal(**kwargs):
+    return SignalEnv(**kwargs)

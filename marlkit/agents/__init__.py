@@ -1,11 +1,15 @@
 """Algorithms. They know nothing of specific envs; the runner meets them through ``Agent``."""
 from marlkit.agents.base import ActOut, Agent, Progress, Schedule
 from marlkit.agents.coma import COMA
+from marlkit.agents.iql import IQL
 from marlkit.agents.ippo import IPPO
 from marlkit.agents.mappo import MAPPO
 from marlkit.agents.mat import MAT
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
+from marlkit.agents.qmix import QMIX
 from marlkit.agents.random_policy import RandomAgent
+from marlkit.agents.value_decomposition import ValueDecompositionAgent, ValueDecompositionConfig
+from marlkit.agents.vdn import VDN
 
-__all__ = ["ActOut", "Agent", "Progress", "Schedule", "COMA", "IPPO", "MAPPO", "MAT", "OnPolicyAgent",
-           "OnPolicyConfig", "RandomAgent"]
+__all__ = ["ActOut", "Agent", "Progress", "Schedule", "COMA", "IPPO", "IQL", "MAPPO", "MAT", "OnPolicyAgent",
+           "OnPolicyConfig", "QMIX", "RandomAgent", "VDN", "ValueDecompositionAgent", "ValueDecompositionConfig"]

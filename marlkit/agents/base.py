@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from marlkit.config import to_plain
 from marlkit.errors import CheckpointMismatchError
@@ -96,6 +97,7 @@ class Agent:
     config_cls: type = type(None)
     registered_name: str = ""
     learns = True
+    modules: nn.ModuleDict | None = None   # the networks a checkpoint and a snapshot carry
     # True when check_group may refuse a group: the runner then asks the env type for its groups
     # before it starts the envs (a Unity scene is launched once for that, and closed)
     checks_groups = False
@@ -175,23 +177,31 @@ class Agent:
 
     # ------------------------------------------------------------------ the acting snapshot
 
+    # what an acting copy leaves out: the learner's optimiser and generators
+    learner_only = ("optimizer", "generator", "rng")
+
     def snapshot(self, first_env: int = 0, num_envs: int | None = None) -> "Agent":
         """A copy of this agent that acts on the envs ``first_env ..`` (all of them: None) and never
-        learns: the same settings and weights, those envs' streams where they stand. The collector
-        acts with one (so the agent may update while it collects, ``runner.overlap``), and env
-        workers with one for their block each (pickled to them)."""
-        twin = copy.copy(self)
+        learns: the same settings and weights (``modules``, if it has any), those envs' streams
+        where they stand, none of ``learner_only``. The collector acts with one (so the agent may
+        update while it collects, ``runner.overlap``), and env workers with one for their block each
+        (pickled to them)."""
+        twin = copy.deepcopy(self, {id(getattr(self, name)): None for name in self.learner_only if hasattr(self, name)})
         twin.streams = self.streams.block(first_env, num_envs) if num_envs is not None else \
             copy.deepcopy(self.streams)
+        if self.modules is not None:
+            twin.modules.requires_grad_(False)
         return twin
 
     def policy_state(self):
-        """What a snapshot needs after an update to act as this agent does (its weights); None:
-        nothing changes."""
-        return None
+        """What a snapshot needs after an update to act as this agent does: its weights (None for an
+        agent without ``modules``: nothing changes)."""
+        return self.modules.state_dict() if self.modules is not None else None
 
     def load_policy_state(self, state) -> None:
         """The inverse of ``policy_state``, on a snapshot."""
+        if state is not None:
+            self.modules.load_state_dict(state)
 
     # ------------------------------------------------------------------ learning
 

@@ -9,7 +9,6 @@ Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
 """
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -269,24 +268,6 @@ class OnPolicyAgent(Agent):
                                        h_critic if h_critic is not None else torch.zeros_like(h_actor)],
                                       -2).cpu().numpy()
         return ActOut(action[0].cpu().numpy(), log_prob[0].cpu().numpy(), value, next_hidden)
-
-    # ------------------------------------------------------------------ the acting snapshot
-
-    def snapshot(self, first_env: int = 0, num_envs: int | None = None) -> "OnPolicyAgent":
-        """The same class and settings, weights copied, the streams of those envs; no optimiser and
-        none of the learner's generators: it never learns."""
-        skip = {id(self.optimizer): None, id(self.generator): None, id(self.rng): None}
-        twin = copy.deepcopy(self, skip)
-        twin.streams = self.streams.block(first_env, num_envs) if num_envs is not None else \
-            copy.deepcopy(self.streams)
-        twin.modules.requires_grad_(False)
-        return twin
-
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        return self.modules.state_dict()
-
-    def load_policy_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.modules.load_state_dict(state)
 
     # ------------------------------------------------------------------ learning
 

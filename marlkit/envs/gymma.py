@@ -132,7 +132,7 @@ class GymmaEnv(MultiAgentEnv):
         state_shape, state_dtype, _ = default_state([self._obs_space[index[a]] for gs in self.groups.values()
                                                      for a in gs.agents], "concat")
         self.spec = EnvSpec(self.groups, state_shape, render_fps=int(env.metadata.get("render_fps", 10) or 10),
-                            state_dtype=state_dtype, state_from_obs=True)
+                            state_dtype=state_dtype, state_from_obs=True, episode_limit=self.time_limit)
         self._t = 0
         self._done = np.zeros(self.n, bool)
         self._team_return = 0.0

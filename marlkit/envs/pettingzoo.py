@@ -222,9 +222,11 @@ class PettingZooEnv(MultiAgentEnv):
             mode = "concat" if state == "concat" else "auto"   # state: env without a state(): as auto
             state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
+        # the env's own limit (MPE's, butterfly's and sisl's max_cycles), or the one marlkit imposes
+        limits = [n for n in (max_episode_steps, getattr(env.unwrapped, "max_cycles", None)) if isinstance(n, int)]
         self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype,
                             state_channels_last=False if self._stacked_state else None,
-                            state_from_obs=not self._env_state)
+                            state_from_obs=not self._env_state, episode_limit=min(limits) if limits else None)
         self._t = 0
         self._checked_first_episode = False
         self._last_state = np.zeros(state_shape, np.float32)

@@ -2,7 +2,8 @@
 collect fills, and the storage of each algorithm family (a rollout to learn from once, or a replay
 of whole episodes), with the returns computed over them."""
 from marlkit.storage.layout import Bootstrap, Collected, Storage, StorageLayout, Transition
+from marlkit.storage.replay import EpisodeBatch, EpisodeReplay
 from marlkit.storage.rollout import Rollout, RolloutBatch, RolloutStorage, minibatches
 
-__all__ = ["Bootstrap", "Collected", "Rollout", "RolloutBatch", "RolloutStorage", "Storage", "StorageLayout",
-           "Transition", "minibatches"]
+__all__ = ["Bootstrap", "Collected", "EpisodeBatch", "EpisodeReplay", "Rollout", "RolloutBatch", "RolloutStorage",
+           "Storage", "StorageLayout", "Transition", "minibatches"]

@@ -1,0 +1,286 @@
+"""The value-decomposition family: Q-learning from a replay of episodes (IQL, VDN, QMIX).
+
+Every agent of the group reads its own observation (and id) through one Q network, weights shared
+(the ``q`` model: ``mlp`` by default, ``gru`` for a recurrent agent, ``cnn`` for images). Acting
+is epsilon-greedy among the allowed actions (``action_mask``; a masked action is never picked, at
+random or greedily), epsilon falling linearly with the env steps collected (``Progress``), greedy
+in evaluation. Learning is off-policy: each rollout's finished episodes enter a replay
+(``storage/replay.py``), and every update takes ``gradient_steps_per_episode`` gradient steps per
+new episode, each on ``batch_size`` whole episodes: one-step TD targets from target networks copied
+every ``target_update_interval`` gradient steps, with double Q (the online network picks the next
+action, the target network values it).
+
+A time limit is a truncation: the step after an episode's last is valued (from the observation the
+episode ended at); a termination is not. A mixer (VDN, QMIX) turns the agents' Q-values into the
+team's, trained on the team reward (the agents' rewards summed, ``team_reward``); without one
+(IQL) each agent learns its own Q on its own reward. Absent agents (``agent_mask`` False) are left
+out of the mix and of the loss.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import nn
+
+from marlkit.agents.base import ActOut, Agent, Progress, Schedule
+from marlkit.agents.on_policy import known_model
+from marlkit.agents.shared_actor import SharedActor
+from marlkit.config import ModelConfig, _range
+from marlkit.errors import ConfigError, TrainingDivergedError
+from marlkit.memory import MemoryEstimate
+from marlkit.optim import Adam, clip_grad_norm
+from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
+
+
+@dataclass
+class ValueDecompositionConfig:
+    """Settings shared by IQL, VDN and QMIX; the defaults are EPyMARL's."""
+
+    lr: float = field(default=5e-4, metadata=_range(0.0))
+    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
+    batch_size: int = field(default=32, metadata=_range(1))            # episodes per gradient step
+    buffer_size: int = field(default=5000, metadata=_range(1))         # episodes in the replay
+    gradient_steps_per_episode: float = field(default=1.0, metadata=_range(0.0))
+    learning_starts: int = field(default=0, metadata=_range(0))        # env steps before the first update
+    epsilon_start: float = field(default=1.0, metadata=_range(0.0, 1.0))
+    epsilon_finish: float = field(default=0.05, metadata=_range(0.0, 1.0))
+    epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
+    target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
+    double_q: bool = True
+    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
+    use_agent_id: bool = True
+    team_reward: Literal["sum", "mean"] = "sum"
+    q: ModelConfig = field(default_factory=ModelConfig)
+
+
+class ValueDecompositionAgent(Agent):
+    """Epsilon-greedy acting, the episode replay and the TD update; ``mixer`` (None: IQL) is what
+    the family's algorithms differ in."""
+
+    config_cls = ValueDecompositionConfig
+    checks_groups = True
+
+    def __init__(self, group, env, cfg: ValueDecompositionConfig, seed=0, device="cpu"):
+        self.check_group(group)
+        super().__init__(group, env, cfg, seed, device)
+        torch.manual_seed(self.seed)  # weight initialisation draws from the global generator
+        self.actor = SharedActor(self.registered_name, group, env, cfg)
+        encoder = self.actor.model("q", group.obs_shape, per_agent=True)
+        head = nn.Linear(encoder.out_dim + self.actor.id_width_after(group.obs_shape), group.n_actions)
+        online = {"q": encoder, "q_head": head}
+        mixer = self.build_mixer()
+        if mixer is not None:
+            online["mixer"] = mixer
+        self.modules = nn.ModuleDict({**online, **{f"target_{k}": copy.deepcopy(m).requires_grad_(False)
+                                                   for k, m in online.items()}}).to(self.device)
+        self.online = [self.modules[k] for k in online]
+        self.optimizer = Adam([{"params": [p for m in self.online for p in m.parameters()], "lr": cfg.lr}])
+        self._clipped = [p for m in self.online for p in m.parameters()]
+        self.recurrent = encoder.is_recurrent
+        self.gradient_steps = 0
+        self._owed = 0.0   # gradient steps owed to the episodes collected, not yet taken (the fraction)
+
+    # ------------------------------------------------------------------ before anything starts
+
+    @classmethod
+    def check_group(cls, group) -> None:
+        if isinstance(group.action_space, spaces.Discrete):
+            return
+        flatten = "set env.flatten_actions: true (one Discrete over the joint choices, masked), or " \
+            if isinstance(group.action_space, spaces.MultiDiscrete) else ""
+        raise ConfigError(
+            f"agents.{cls.registered_name}: {cls.registered_name} learns one Q-value per action and needs Discrete "
+            f"actions, but group {group.name!r} has {group.action_space}; {flatten}run that group with MAPPO or "
+            f"IPPO (groups: {{{group.name}: {{agent: MAPPO}}}})")
+
+    @classmethod
+    def check_config(cls, cfg: ValueDecompositionConfig, runner, key: str) -> None:
+        known_model(cfg.q.name, f"{key}.q.name")
+        if "encoder" in cfg.q.kwargs:
+            known_model(cfg.q.kwargs["encoder"], f"{key}.q.kwargs.encoder")
+        if cfg.epsilon_finish > cfg.epsilon_start:
+            raise ConfigError(f"{key}.epsilon_finish={cfg.epsilon_finish} is above {key}.epsilon_start="
+                              f"{cfg.epsilon_start}; exploration falls from start to finish")
+
+    @classmethod
+    def schedule_of(cls, cfg: ValueDecompositionConfig) -> Schedule:
+        return Schedule(on_policy=False, learning_starts=cfg.learning_starts,
+                        gradient_steps=f"{cfg.gradient_steps_per_episode:g} per new episode, on {cfg.batch_size} "
+                                       "episodes each")
+
+    @classmethod
+    def memory_estimate(cls, layout: StorageLayout, cfg: ValueDecompositionConfig, key: str = "") -> MemoryEstimate:
+        """The replay's episodes of ``env.episode_limit`` steps (``runner.horizon`` where the env does not
+        tell) and the rollouts it is filled from; an update holds a batch of episodes as float32,
+        with about three times as much again for activations and gradients."""
+        stores = cls.mixes_on_state(cfg)
+        episode = EpisodeReplay.bytes_per_episode(layout, stores)
+        steps = layout.env.episode_limit or layout.horizon
+        rollouts = (2 if layout.double else 1) * layout.horizon * layout.num_envs * episode // (steps + 1)
+        update = cfg.batch_size * episode * 4 * 4
+        return MemoryEstimate(cfg.buffer_size * episode + rollouts, update,
+                              (f"{key}.buffer_size", f"{key}.batch_size", "env.resize (for images)"))
+
+    @classmethod
+    def mixes_on_state(cls, cfg) -> bool:
+        """Whether the mixer reads the global state (so the replay keeps it)."""
+        return False
+
+    # ------------------------------------------------------------------ for the algorithms
+
+    def build_mixer(self) -> nn.Module | None:
+        """The team's mixer, or None: each agent learns its own Q (IQL)."""
+        return None
+
+    # ------------------------------------------------------------------ acting
+
+    def initial_hidden(self, num_envs: int) -> np.ndarray | None:
+        if not self.recurrent:
+            return None
+        return np.zeros((num_envs, self.n_agents, self.modules["q"].hidden_size), np.float32)
+
+    def tensor(self, array: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(array).to(self.device)
+
+    def q_values(self, prefix: str, obs: torch.Tensor, hidden, episode_start, present) -> tuple[torch.Tensor, object]:
+        """Q ``[L, B, A, n]`` of observations ``[L, B, A, ...]`` from the online (``prefix`` "") or
+        target (``"target_"``) network, and the next hidden state."""
+        features, hidden = self.actor.encode(self.modules[prefix + "q"], obs, hidden, episode_start, present=present)
+        return self.modules[prefix + "q_head"](features), hidden
+
+    def epsilon(self, progress: Progress | None) -> float:
+        """Falls linearly from ``epsilon_start`` to ``epsilon_finish`` over ``epsilon_anneal_steps``
+        env steps; ``epsilon_finish`` outside training."""
+        cfg = self.cfg
+        if progress is None:
+            return cfg.epsilon_finish
+        done = min(progress.steps / cfg.epsilon_anneal_steps, 1.0) if cfg.epsilon_anneal_steps else 1.0
+        return cfg.epsilon_start + done * (cfg.epsilon_finish - cfg.epsilon_start)
+
+    @torch.inference_mode()
+    def act(self, obs, state, agent_mask, action_mask, hidden, explore: bool = True,
+            progress: Progress | None = None) -> ActOut:
+        """Greedy among the allowed actions, or (``explore``, with probability epsilon) one of them at
+        random; every env draws the same amount of noise either way, from its own stream."""
+        present = self.tensor(agent_mask).unsqueeze(0)
+        h = self.tensor(hidden) if hidden is not None else None
+        q, h = self.q_values("", self.tensor(obs).unsqueeze(0), h, None, present)
+        allowed = action_mask.astype(bool)
+        greedy = np.where(allowed, q[0].cpu().numpy(), -np.inf).argmax(-1)
+        actions = greedy
+        if explore:
+            E, A = agent_mask.shape
+            coin = self.streams.uniform((E, A))
+            scores = np.where(allowed, self.streams.uniform(allowed.shape), -1.0)
+            actions = np.where(coin < self.epsilon(progress), scores.argmax(-1), greedy)
+        return ActOut(actions.astype(np.int64), np.zeros(agent_mask.shape, np.float32), None,
+                      h.cpu().numpy() if h is not None else None)
+
+    # ------------------------------------------------------------------ learning
+
+    def make_storage(self, layout: StorageLayout) -> EpisodeReplay:
+        return EpisodeReplay(layout, self.cfg.buffer_size, self.mixes_on_state(self.cfg))
+
+    def update(self, batch: EpisodeBatch, progress: Progress | None = None) -> dict[str, float]:
+        cfg, replay = self.cfg, batch.replay
+        if len(replay) < cfg.batch_size:   # as EPyMARL: no steps owed to the episodes before the first batch
+            return {"replay_episodes": float(len(replay))}
+        self._owed += batch.new_episodes * cfg.gradient_steps_per_episode
+        steps, self._owed = int(self._owed), self._owed - int(self._owed)
+        stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
+        totals: dict[str, float] = {}
+        done = 0
+        for _ in range(steps):
+            if stop():
+                break
+            sample = {k: torch.from_numpy(v).to(self.device) for k, v in replay.sample(cfg.batch_size, self.rng).items()}
+            loss, metrics = self.loss(sample)
+            if not torch.isfinite(loss):
+                raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): the TD loss became "
+                                            f"{loss.item()}; lower the learning rate or check the env's rewards and "
+                                            "observations for NaN or inf")
+            self.optimizer.zero_grad()
+            loss.backward()
+            if cfg.max_grad_norm is not None:
+                norm = clip_grad_norm(self._clipped, cfg.max_grad_norm)
+                if not math.isfinite(float(norm)):
+                    raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): the gradient "
+                                                f"norm became {float(norm)}")
+                metrics["grad_norm"] = norm
+            self.optimizer.step()
+            self.gradient_steps += 1
+            if self.gradient_steps % cfg.target_update_interval == 0:
+                for name in [k for k in self.modules if not k.startswith("target_")]:
+                    self.modules["target_" + name].load_state_dict(self.modules[name].state_dict())
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            done += 1
+        metrics = {k: v / max(done, 1) for k, v in totals.items()}
+        metrics.update(epsilon=self.epsilon(progress), replay_episodes=float(len(replay)),
+                       gradient_steps=float(done))
+        if done < steps:
+            metrics["update_fraction"] = done / steps
+        return metrics
+
+    def loss(self, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The TD loss on ``batch_size`` episodes (``EpisodeReplay.sample``: ``[B, L (+ 1), ...]``)."""
+        cfg = self.cfg
+        time_major = {k: v.transpose(0, 1) for k, v in sample.items() if v.dim() > 1}   # [L (+ 1), B, ...]
+        obs, present = time_major["obs"], time_major["agent_mask"].bool()
+        starts = torch.cat([torch.zeros_like(time_major["agent_end"][:1]), time_major["agent_end"]], 0).bool()
+        q, _ = self.q_values("", obs, None, starts, None if self.recurrent else present)          # [L + 1, B, A, n]
+        with torch.no_grad():
+            target_q, _ = self.q_values("target_", obs, None, starts, None if self.recurrent else present)
+            allowed = time_major["action_mask"].bool()
+            if cfg.double_q:
+                pick = q.detach().masked_fill(~allowed, -math.inf).argmax(-1, keepdim=True)
+                next_q = target_q.gather(-1, pick).squeeze(-1)[1:]
+            else:
+                next_q = target_q.masked_fill(~allowed, -math.inf).max(-1).values[1:]
+            next_q = torch.where(present[1:], next_q, 0.0)                                   # [L, B, A]
+        actions = time_major["actions"].long()
+        taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)                       # [L, B, A]
+        filled = time_major["filled"].bool()                                               # [L, B]
+        terminated, truncated = time_major["terminated"].bool(), time_major["truncated"].bool()
+        reward = time_major["reward"].float()
+        acted = filled.unsqueeze(-1) & present[:-1]                                        # [L, B, A]
+        if "mixer" not in self.modules:
+            # each agent on its own: its termination ends its returns, a time limit's cut does not
+            target = reward + cfg.gamma * (~terminated).float() * next_q
+            mask = acted.float()
+            td = torch.where(acted, taken - target, 0.0)
+        else:
+            state = time_major["state"]
+            team_q = self.modules["mixer"](taken, state[:-1], present[:-1])                 # [L, B]
+            with torch.no_grad():
+                next_team = self.modules["target_mixer"](next_q, state[1:], present[1:])
+            team_reward = reward.sum(-1) if cfg.team_reward == "sum" else reward.mean(-1)
+            last = torch.arange(len(filled), device=filled.device)[:, None] == (sample["length"] - 1)[None]
+            # the team's episode ends in a termination at its last step, unless a time limit cut it there
+            # (what absent agents' slots hold does not count)
+            cut, ended = (truncated & ~terminated & acted).any(-1), (terminated & acted).any(-1)
+            ends = last & ended & ~cut
+            target = team_reward + cfg.gamma * (~ends).float() * next_team
+            mask = (filled & present[:-1].any(-1)).float()
+            td = torch.where(mask.bool(), team_q - target, 0.0)
+        loss = td.pow(2).sum() / mask.sum().clamp(min=1.0)
+        return loss, {"td_loss": loss.detach(), "q_taken": taken.detach()[acted].mean()}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "modules": self.modules.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "gradient_steps": self.gradient_steps, "owed": self._owed}
+
+    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
+        super().load_state_dict(state, weights_only)
+        self.modules.load_state_dict(state["modules"])
+        if not weights_only:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.gradient_steps, self._owed = state["gradient_steps"], state["owed"]
