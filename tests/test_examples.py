@@ -34,3 +34,20 @@ def test_custom_agent_example_runs_from_the_cli(tmp_path):
     # the same agent through the installed command with --import
     out = run(["-m", "marlkit", "--import", "custom_agent", "--list"], tmp_path, PYTHONPATH=str(EXAMPLES))
     assert "MAPPO_ENT_DECAY" in out.stdout
+
+
+def test_custom_mixer_example_trains_from_the_cli(tmp_path):
+    """A VDN subclass with a mixer of its own, registered in one file: it appears in --list, trains
+    from the CLI (its mixer's weights move away from their start) and loads through --import."""
+    import torch
+    listing = run([str(EXAMPLES / "custom_mixer.py"), "--list"], tmp_path)
+    assert "WVDN" in listing.stdout
+    out = run([str(EXAMPLES / "custom_mixer.py"), "--agent", "WVDN", "--env", "mpe_spread", "--set",
+               "runner.total_steps=2000", "runner.parallels=4", "runner.vectorize=sync", f"runner.run_root={tmp_path}",
+               "runner.progress=false", "agents.WVDN.initial_weight=0.5", "agents.WVDN.batch_size=8"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    [latest] = tmp_path.glob("mpe_spread/WVDN/*/latest.pt")
+    weights = torch.load(latest, weights_only=False)["groups"]["agents"]["modules"]["mixer.w"]
+    assert weights.shape == (3,) and not torch.allclose(torch.nn.functional.softplus(weights), torch.tensor(0.5))
+    out = run(["-m", "marlkit", "--import", "custom_mixer", "--list"], tmp_path, PYTHONPATH=str(EXAMPLES))
+    assert "WVDN" in out.stdout

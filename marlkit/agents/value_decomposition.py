@@ -34,6 +34,7 @@ from marlkit.agents.shared_actor import SharedActor
 from marlkit.config import ModelConfig, _range
 from marlkit.errors import ConfigError, TrainingDivergedError
 from marlkit.memory import MemoryEstimate
+from marlkit.networks.normalization import RunningMeanStd
 from marlkit.optim import Adam, clip_grad_norm
 from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 
@@ -56,6 +57,8 @@ class ValueDecompositionConfig:
     max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
     use_agent_id: bool = True
     team_reward: Literal["sum", "mean"] = "sum"
+    # rewards as (r - mean) / std of all rewards replayed so far (EPyMARL's standardise_rewards)
+    standardise_rewards: bool = True
     q: ModelConfig = field(default_factory=ModelConfig)
 
 
@@ -77,8 +80,8 @@ class ValueDecompositionAgent(Agent):
         mixer = self.build_mixer()
         if mixer is not None:
             online["mixer"] = mixer
-        self.modules = nn.ModuleDict({**online, **{f"target_{k}": copy.deepcopy(m).requires_grad_(False)
-                                                   for k, m in online.items()}}).to(self.device)
+        targets = {f"target_{k}": copy.deepcopy(m).requires_grad_(False) for k, m in online.items()}
+        self.modules = nn.ModuleDict({**online, **targets, "reward_norm": RunningMeanStd()}).to(self.device)
         self.online = [self.modules[k] for k in online]
         self.optimizer = Adam([{"params": [p for m in self.online for p in m.parameters()], "lr": cfg.lr}])
         self._clipped = [p for m in self.online for p in m.parameters()]
@@ -216,7 +219,7 @@ class ValueDecompositionAgent(Agent):
             self.optimizer.step()
             self.gradient_steps += 1
             if self.gradient_steps % cfg.target_update_interval == 0:
-                for name in [k for k in self.modules if not k.startswith("target_")]:
+                for name in [k for k in self.modules if "target_" + k in self.modules]:
                     self.modules["target_" + name].load_state_dict(self.modules[name].state_dict())
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
@@ -250,6 +253,12 @@ class ValueDecompositionAgent(Agent):
         terminated, truncated = time_major["terminated"].bool(), time_major["truncated"].bool()
         reward = time_major["reward"].float()
         acted = filled.unsqueeze(-1) & present[:-1]                                        # [L, B, A]
+        if "mixer" in self.modules:
+            reward = reward.sum(-1) if cfg.team_reward == "sum" else reward.mean(-1)        # [L, B]
+        if cfg.standardise_rewards:
+            norm = self.modules["reward_norm"]
+            norm.update(reward[filled] if "mixer" in self.modules else reward[acted])
+            reward = norm.normalize(reward)
         if "mixer" not in self.modules:
             # each agent on its own: its termination ends its returns, a time limit's cut does not
             target = reward + cfg.gamma * (~terminated).float() * next_q
@@ -260,13 +269,12 @@ class ValueDecompositionAgent(Agent):
             team_q = self.modules["mixer"](taken, state[:-1], present[:-1])                 # [L, B]
             with torch.no_grad():
                 next_team = self.modules["target_mixer"](next_q, state[1:], present[1:])
-            team_reward = reward.sum(-1) if cfg.team_reward == "sum" else reward.mean(-1)
             last = torch.arange(len(filled), device=filled.device)[:, None] == (sample["length"] - 1)[None]
             # the team's episode ends in a termination at its last step, unless a time limit cut it there
             # (what absent agents' slots hold does not count)
             cut, ended = (truncated & ~terminated & acted).any(-1), (terminated & acted).any(-1)
             ends = last & ended & ~cut
-            target = team_reward + cfg.gamma * (~ends).float() * next_team
+            target = reward + cfg.gamma * (~ends).float() * next_team
             mask = (filled & present[:-1].any(-1)).float()
             td = torch.where(mask.bool(), team_q - target, 0.0)
         loss = td.pow(2).sum() / mask.sum().clamp(min=1.0)

@@ -37,3 +37,29 @@ class ValueNorm(nn.Module):
     def denormalize(self, x: torch.Tensor) -> torch.Tensor:
         mean, std = self.stats()
         return x * std + mean
+
+
+class RunningMeanStd(nn.Module):
+    """Mean and variance of everything seen so far (Chan et al.'s parallel update), as EPyMARL
+    standardises rewards with; buffers, so that checkpoints carry them."""
+
+    def __init__(self, epsilon: float = 1e-4):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("var", torch.ones((), dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(epsilon, dtype=torch.float64))
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        if x.numel() < 2:
+            return
+        x = x.double()
+        n, mean, var = x.numel(), x.mean(), x.var()
+        delta, total = mean - self.mean, self.count + n
+        m2 = self.var * self.count + var * n + delta.pow(2) * self.count * n / total
+        self.mean.add_(delta * n / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+    def normalize(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x - self.mean) / self.var.clamp(min=1e-8).sqrt()).to(x.dtype)
