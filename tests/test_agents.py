@@ -127,7 +127,7 @@ def test_linear_lr_schedule_falls_from_each_groups_lr_to_zero_at_total_steps(nam
     agent = _agent(name, env, **{f"agents.{name}.lr_schedule": "linear", f"agents.{name}.critic_lr": 1e-3})
     assert agent.base_lrs == [agent.cfg.lr, 1e-3]
     per_update = 25 * 2
-    assert agent.lr_scale(Progress(per_update, 4 * per_update), per_update) == 1.0            # the first update: full lr
+    assert agent.lr_scale(Progress(per_update, 4 * per_update), per_update) == 1.0   # the first update: full lr
     assert agent.lr_scale(Progress(3 * per_update, 4 * per_update), per_update) == pytest.approx(0.5)
     assert agent.lr_scale(Progress(4 * per_update, 4 * per_update), per_update) == pytest.approx(0.25)
     constant = _agent(name, env)

@@ -315,11 +315,11 @@ def test_truncated_episodes_are_valued_at_legal_joint_actions():
         for _ in range(10):
             out = agent.act(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"], None)
             res = venv.step({"agents": out.actions})
-            transitions.append(Transition(obs.obs["agents"], obs.state, obs.agent_mask["agents"], obs.action_mask["agents"],
-                                   out.actions, out.log_prob, out.value, res.reward["agents"],
-                                   res.terminated["agents"], res.truncated["agents"], res.episode_end,
-                                   res.final.obs["agents"], res.final.state,
-                                   final_action_mask=res.final.action_mask["agents"]))
+            transitions.append(Transition(obs.obs["agents"], obs.state, obs.agent_mask["agents"],
+                                          obs.action_mask["agents"], out.actions, out.log_prob, out.value,
+                                          res.reward["agents"], res.terminated["agents"], res.truncated["agents"],
+                                          res.episode_end, res.final.obs["agents"], res.final.state,
+                                          final_action_mask=res.final.action_mask["agents"]))
             finals += [res.final.action_mask["agents"][e] for e in np.flatnonzero(res.episode_end)]
             obs = res.next
         learn_from(agent, transitions, Bootstrap(obs.obs["agents"], obs.state, obs.agent_mask["agents"],

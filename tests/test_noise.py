@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import marlkit
 from marlkit.networks.distributions import Categorical, DiagGaussian
 from marlkit.networks.noise import EnvStreams, GeneratorNoise, StreamNoise
 

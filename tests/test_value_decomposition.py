@@ -230,7 +230,7 @@ def test_resume_continues_exactly_with_the_replay(tiny, env_yaml, agent):
     full = marlkit.run(agent=agent, env=path, seed=4, **{**common, "runner.total_steps": 400})
     half = marlkit.run(agent=agent, env=path, seed=4, **{**common, "runner.total_steps": 200})
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 400})
-    assert resumed.steps == 400 and full.metrics[f"agents/gradient_steps"] > 0
+    assert resumed.steps == 400 and full.metrics["agents/gradient_steps"] > 0
     assert_same_training(full, resumed)
 
 

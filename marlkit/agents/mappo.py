@@ -2,7 +2,7 @@
 or on the group's observations pooled."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 import torch

@@ -202,7 +202,8 @@ class ValueDecompositionAgent(Agent):
         for _ in range(steps):
             if stop():
                 break
-            sample = {k: torch.from_numpy(v).to(self.device) for k, v in replay.sample(cfg.batch_size, self.rng).items()}
+            drawn = replay.sample(cfg.batch_size, self.rng)
+            sample = {k: torch.from_numpy(v).to(self.device) for k, v in drawn.items()}
             loss, metrics = self.loss(sample)
             if not torch.isfinite(loss):
                 raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): the TD loss became "

@@ -1,0 +1,395 @@
+"""Envs in worker processes: arrays through shared memory, or jobs run on the workers' own envs.
+
+Workers are not daemonic, because game envs (ViZDoom, Unity) start processes of their own, so they
+are stopped explicitly: on ``close()``, on an error, at interpreter exit, and by themselves when the
+parent disappears (their command pipe reaches EOF). A worker that dies or stops answering becomes an
+:class:`EnvWorkerError` naming the env it was busy with, within ``timeout`` seconds
+(``start_timeout`` while the envs are built).
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+from marlkit.envs.core import EnvWorkerError, Observation, StepResult
+from marlkit.envs.main_guard import check_main_guarded
+from marlkit.envs.vector.arrays import _Arrays, action_shapes
+from marlkit.envs.vector.base import _LIVE, VectorEnv, _seeds
+from marlkit.envs.vector.episode_stats import EpisodeStats
+from marlkit.envs.vector.state import dumps_state
+from marlkit.envs.vector.sync import EnvFactory, SyncVectorEnv
+from marlkit.errors import ConfigError
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    # Python < 3.13 registers attached blocks with the resource tracker too, which then warns about
+    # (or unlinks) blocks the parent still owns; only the creating parent should track them.
+    register = resource_tracker.register
+    resource_tracker.register = lambda *args, **kwargs: None
+    try:
+        return shared_memory.SharedMemory(name=name)
+    finally:
+        resource_tracker.register = register
+
+
+class _Current:
+    """The env index a worker is busy with, shared with the parent so that even a hard crash
+    (a game segfaulting, os._exit) can be pinned on one env."""
+
+    def __init__(self, shared):
+        self.shared = shared
+
+    def set(self, value: int | None) -> None:
+        self.shared.value = -1 if value is None else value
+
+    def get(self) -> int | None:
+        return None if self.shared.value < 0 else int(self.shared.value)
+
+
+def _sigterm_handler(parent: int, stopping):
+    """SIGTERM unwinds the worker, so that its envs are closed and the game processes they started go
+    with them, when the parent asks (``stopping``, set before its ``terminate()``) or is gone. A
+    SIGTERM to the whole process group (``timeout``, Slurm, systemd, ``kill -TERM -- -PGID``) reaches
+    the parent too, which stops at its next consistent point and then closes the workers in order:
+    the worker carries on until then, as it does on a terminal's Ctrl+C."""
+    def handler(signum, frame):
+        if stopping.value or os.getppid() != parent:
+            raise SystemExit(128 + signum)
+    return handler
+
+
+def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inherited: list) -> None:
+    # The parent owns Ctrl+C and SIGTERM to the group: it stops the workers in order.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _sigterm_handler(os.getppid(), stopping))
+    # a forked worker holds copies of the parent's ends of its own pipe and its elder siblings':
+    # closed, so that each pipe reaches EOF here when the parent is gone (closed through their
+    # Connection objects, which then cannot close a later file that reuses the number)
+    for parent_end in inherited:
+        parent_end.close()
+    envs: list = []
+    arrays = None
+    hosted = job = None   # the worker's envs as a vector env of their own, and the job run on them
+    busy = _Current(busy)
+
+    def on_env(i: int | None) -> None:
+        busy.set(indices[i] if i is not None else None)
+        ticks.value += 1
+
+    try:
+        for i, fn in zip(indices, env_fns):
+            busy.set(i)
+            envs.append(fn())
+        busy.set(None)
+        conn.send(("ok", envs[0].spec))
+        while True:
+            try:
+                cmd, arg = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                break
+            if cmd == "attach":
+                names, spec, shapes, num_envs = arg
+                blocks = {k: _attach(n) for k, n in names.items()}
+                arrays = _Arrays(spec, num_envs, shapes, blocks)
+                arrays.shm = list(blocks.values())
+                conn.send(("ok", None))
+            elif cmd == "reset":
+                for env, e, s in zip(envs, indices, arg):
+                    busy.set(e)
+                    arrays.write_obs("next", e, env.reset(seed=s))
+                busy.set(None)
+                conn.send(("ok", None))
+            elif cmd == "step":
+                ended = {}
+                for env, e in zip(envs, indices):
+                    busy.set(e)
+                    ob, reward, terminated, truncated, done = env.step(arrays.actions(e))
+                    if done:
+                        ended[e] = env.episode_stats()
+                    arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
+                busy.set(None)
+                conn.send(("ok", ended))
+            elif cmd == "install":
+                job, stats, acting = arg
+                hosted = SyncVectorEnv.hosting(envs, on_env)
+                hosted.stats, hosted._acting = stats, acting
+                job.install(hosted)
+                conn.send(("ok", None))
+            elif cmd == "run":
+                # a plain pickle: torch's reductions for this pipe would send tensors as file descriptors
+                conn.send_bytes(pickle.dumps(("ok", job.run(arg)), pickle.HIGHEST_PROTOCOL))
+            elif cmd == "render":
+                busy.set(arg)
+                conn.send(("ok", envs[indices.index(arg)].render()))
+                busy.set(None)
+            elif cmd == "get_state":
+                local = (hosted.stats, hosted._acting) if hosted is not None else None
+                conn.send(("ok", ([dumps_state(env) for env in envs], local)))
+            elif cmd == "set_state":
+                blobs, local = arg
+                for env in envs:
+                    env.close()
+                envs = [pickle.loads(blob) for blob in blobs]
+                if hosted is not None:
+                    hosted.envs = envs
+                    hosted.stats, hosted._acting = local
+                conn.send(("ok", None))
+            elif cmd == "close":
+                break
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    except BaseException as exc:
+        # a bad setting is the same in every env and its message names the fix: it goes to the
+        # parent as itself, not as a worker failure with a traceback
+        config_error = exc if isinstance(exc, ConfigError) else None
+        try:
+            conn.send(("error", (busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc(), config_error)))
+        except (BrokenPipeError, OSError):
+            pass
+    finally:
+        for env in envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        if arrays is not None:
+            arrays.release(unlink=False)
+        conn.close()
+
+
+STARTING = ("creating the env", "installing a job")   # what runner.worker_start_timeout bounds
+
+
+class SubprocVectorEnv(VectorEnv):
+    """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn, in
+    whole blocks of ``align`` consecutive envs: a job acting on blocks of that many envs then acts on
+    the blocks it would act on over all the envs)."""
+
+    def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
+                 start_method: str = "auto", start_timeout: float = 120.0, align: int = 1):
+        super().__init__()
+        start_method = resolve_start_method(start_method)
+        if start_method != "fork":
+            check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)",
+                               instead="set runner.vectorize: sync")
+        self.num_envs = len(env_fns)
+        blocks = [list(range(first, min(first + align, self.num_envs))) for first in range(0, self.num_envs, align)]
+        num_workers = min(num_workers or os.cpu_count() or 1, len(blocks))
+        self.timeout, self.start_timeout = timeout, start_timeout
+        self.closed = False
+        self.arrays = None
+        self.hosts_jobs = False
+        shares = np.array_split(np.arange(len(blocks)), num_workers)   # each worker's blocks
+        self.indices = [[env for b in share for env in blocks[b]] for share in shares]
+        ctx = mp.get_context(start_method)
+        self.conns, self.procs, self.busy, self.ticks, self.pollers = [], [], [], [], []
+        self.stopping = ctx.RawValue("b", 0)   # set before the workers are terminated (_sigterm_handler)
+        _LIVE.add(self)
+        try:
+            for idx in self.indices:
+                parent, child = ctx.Pipe()
+                busy, ticks = ctx.RawValue("i", -1), ctx.RawValue("Q", 0)
+                self.busy.append(busy)
+                self.ticks.append(ticks)
+                inherited = self.conns + [parent] if start_method == "fork" else []
+                proc = ctx.Process(target=_worker, args=(child, [env_fns[i] for i in idx], idx, busy, ticks,
+                                                         self.stopping, inherited),
+                                   daemon=False, name=f"marlkit-env-{idx[0]}-{idx[-1]}")
+                proc.start()
+                child.close()
+                # one poll object per pipe: Connection.poll builds a selector per call, which costs
+                # as much as the rest of a small env's step round trip
+                poller = select.poll()
+                poller.register(parent.fileno(), select.POLLIN)
+                self.pollers.append(poller)
+                self.conns.append(parent)
+                self.procs.append(proc)
+            specs = self._gather(range(num_workers), "creating the env", start_timeout)
+            self.spec = specs[0]
+            shapes = action_shapes(self.spec)
+            self.arrays = _Arrays.shared(self.spec, self.num_envs, shapes)
+            self._broadcast("attach", (self.arrays.names, self.spec, shapes, self.num_envs))
+            self._gather(range(num_workers), "attaching shared memory")
+        except BaseException:
+            self.close()
+            raise
+
+    def _describe(self, w: int) -> str:
+        idx = self.indices[w]
+        return f"env {idx[0]}" if len(idx) == 1 else f"envs {idx[0]}-{idx[-1]}"
+
+    def _culprit(self, w: int) -> str:
+        busy, pid = self.busy[w].value, self.procs[w].pid
+        if busy >= 0:
+            return f"env {busy} (worker of {self._describe(w)}, pid {pid})"
+        return f"the worker of {self._describe(w)} (pid {pid})"
+
+    def _died(self, w: int, what: str) -> EnvWorkerError:
+        self.procs[w].join(1.0)
+        return EnvWorkerError(f"{self._culprit(w)} died with exit code {self.procs[w].exitcode} while {what}")
+
+    def _receive(self, w: int, what: str, timeout: float | None = None, progress: bool = False):
+        """The worker's reply; ``timeout`` is how long it may go without one or, with ``progress``
+        (a job stepping its envs many times), without stepping an env."""
+        conn, proc, poller = self.conns[w], self.procs[w], self.pollers[w]
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        ticks = self.ticks[w].value
+        while not poller.poll(50):   # also wakes when the worker's end closes; recv then says EOF
+            if not proc.is_alive() and not conn.poll(0):
+                raise self._died(w, what)
+            if progress and self.ticks[w].value != ticks:
+                ticks, deadline = self.ticks[w].value, time.monotonic() + timeout
+            elif time.monotonic() > deadline:
+                setting = "runner.worker_start_timeout" if what in STARTING else "runner.worker_timeout"
+                raise EnvWorkerError(f"{self._culprit(w)} did not answer within {timeout:g} s while {what} "
+                                     f"({setting})")
+        try:
+            status, payload = conn.recv()
+        except (EOFError, OSError):
+            raise self._died(w, what) from None
+        if status == "error":
+            env_index, summary, tb, config_error = payload
+            if config_error is not None:
+                raise config_error
+            where = f"env {env_index}" if env_index is not None else self._describe(w)
+            raise EnvWorkerError(f"{where} raised while {what}: {summary}", worker_traceback=tb)
+        return payload
+
+    def _gather(self, workers, what: str, timeout: float | None = None, progress: bool = False) -> list:
+        try:
+            return [self._receive(w, what, timeout, progress) for w in workers]
+        except BaseException:
+            self.close(grace=1.0)
+            raise
+
+    def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
+        same = pickle.dumps((cmd, arg), pickle.HIGHEST_PROTOCOL) if per_worker is None else None
+        for w, conn in enumerate(self.conns):
+            message = same if same is not None else pickle.dumps((cmd, per_worker[w]), pickle.HIGHEST_PROTOCOL)
+            try:
+                conn.send_bytes(message)
+            except (BrokenPipeError, OSError):
+                self._gather([w], f"sending {cmd!r}")
+                raise EnvWorkerError(f"the worker of {self._describe(w)} is gone (sending {cmd!r})")
+
+    def reset(self, seed: int | None = None) -> Observation:
+        seeds = _seeds(seed, self.num_envs)
+        self._broadcast("reset", per_worker=[[seeds[i] for i in idx] for idx in self.indices])
+        self._gather(range(len(self.conns)), "resetting")
+        return self._start(self.arrays.observation("next"))
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        for g, a in actions.items():
+            self.arrays.a[f"action.{g}"][...] = a
+        self._broadcast("step")
+        replies = self._gather(range(len(self.conns)), "stepping")   # per worker: its ended envs' stats
+        ended = {e: stats for reply in replies for e, stats in reply.items()}
+        return self._finish(self.arrays, ended)
+
+    def render(self, index: int = 0):
+        w = next(w for w, idx in enumerate(self.indices) if index in idx)
+        self.conns[w].send(("render", index))
+        return self._gather([w], "rendering")[0]
+
+    # ------------------------------------------------------------------ jobs on the workers' own envs
+
+    @property
+    def blocks(self) -> list[tuple[int, int]]:
+        """Per worker, (its first env, how many envs it hosts): consecutive blocks in env order."""
+        return [(idx[0], len(idx)) for idx in self.indices]
+
+    def install_jobs(self, jobs: list) -> None:
+        """Give each worker a job (picklable; ``jobs[w]`` for the envs of ``blocks[w]``) that runs on
+        its envs in the worker: ``job.install(venv)`` once, with the worker's envs as a vector env of
+        its own (which keeps their episode accumulators from now on), then ``job.run(arg)`` per
+        ``run_jobs``. The envs layer knows nothing of what a job does."""
+        self._broadcast("install", per_worker=[(job, *self._accumulator_rows(first, count))
+                                               for job, (first, count) in zip(jobs, self.blocks)])
+        # a spawned worker imports what the jobs need (torch) as it unpickles them: start-up time
+        self._gather(range(len(self.conns)), "installing a job", self.start_timeout)
+        self.hosts_jobs = True
+
+    def run_jobs(self, args: list, what: str) -> list:
+        """``job.run(args[w])`` in every worker at once -> their results, in worker order. A worker
+        that steps none of its envs for ``runner.worker_timeout`` seconds is an error."""
+        self._broadcast("run", per_worker=args)
+        return self._gather(range(len(self.conns)), what, progress=True)
+
+    def _saved(self):
+        self._broadcast("get_state")
+        per_worker = self._gather(range(len(self.conns)), "saving env state")
+        blobs: list[bytes | None] = [None] * self.num_envs
+        for idx, (worker_blobs, _) in zip(self.indices, per_worker):
+            for i, blob in zip(idx, worker_blobs):
+                blobs[i] = blob
+        if not self.hosts_jobs:
+            return blobs, self.stats, self._acting
+        # the workers' own vector envs keep the episode accumulators while they host jobs
+        return (blobs, EpisodeStats.join([local[0] for _, local in per_worker]),
+                {g: np.concatenate([local[1][g] for _, local in per_worker]) for g in self._acting})
+
+    def _restore(self, blobs, stats, acting) -> None:
+        self.stats, self._acting = stats, acting
+        local = [self._accumulator_rows(first, count) if self.hosts_jobs else None for first, count in self.blocks]
+        self._broadcast("set_state", per_worker=[([blobs[i] for i in idx], part)
+                                                 for idx, part in zip(self.indices, local)])
+        self._gather(range(len(self.conns)), "restoring env state")
+
+    def _accumulator_rows(self, first: int, count: int) -> tuple:
+        """The episode accumulators of envs ``first .. first + count - 1``, for the worker hosting them."""
+        return self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()}
+
+    def close(self, grace: float | None = None) -> None:
+        """Ask workers to close their envs; after ``grace`` seconds (default: the step timeout, at
+        most 30 s) terminate, then kill, what is left."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + (grace if grace is not None else min(self.timeout, 30.0))
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                self.stopping.value = 1
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self.conns:
+            conn.close()
+        if self.arrays is not None:
+            self.arrays.release(unlink=True)
+
+
+def resolve_start_method(method: str) -> str:
+    """``auto``: ``fork`` on Linux in a process with no other Python thread where torch, if imported,
+    computes on one thread and has not set up CUDA (a forked worker starts at once, with the modules
+    already imported, torch's among them), else ``spawn``: macOS's system libraries are not safe to
+    fork; another thread may hold a lock the child would wait on forever; the OpenMP thread pool of
+    torch's CPU kernels (GNU's, in its wheels) does not exist in a forked child that still believes
+    it does; and CUDA cannot be set up again in one."""
+    if method != "auto":
+        return method
+    if not sys.platform.startswith("linux") or threading.active_count() > 1:
+        return "spawn"
+    torch = sys.modules.get("torch")   # not imported here: the envs layer does not need it
+    if torch is not None and (torch.get_num_threads() > 1 or torch.cuda.is_initialized()):
+        return "spawn"
+    return "fork"
