@@ -50,10 +50,10 @@ def test_a_benchmark_reports_the_random_policy_beside_the_trained_one(tiny, caps
 def test_a_resumed_benchmark_keeps_its_baseline(tiny, monkeypatch):
     settings = {**tiny, "runner.total_steps": 40, "runner.save_interval": 40}
     half = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2, **settings)
-    from marlkit.runners.runner import Runner
+    from marlkit.runners import runner
     calls = []
-    real = Runner._random_policy
-    monkeypatch.setattr(Runner, "_random_policy", lambda self, *a: (calls.append(1), real(self, *a))[1])
+    real = runner.random_policy
+    monkeypatch.setattr(runner, "random_policy", lambda *a: (calls.append(1), real(*a))[1])
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 80})
     assert calls == [] and resumed.baseline == half.baseline
     assert json.loads((half.run_dir / "benchmark.json").read_text())["baseline"] == half.baseline

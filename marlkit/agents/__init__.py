@@ -1,8 +1,8 @@
 """Algorithms. They know nothing of specific envs; the runner meets them through ``Agent``."""
 from marlkit.agents.base import ActOut, Agent, Progress, Schedule
 from marlkit.agents.coma import COMA
-from marlkit.agents.iql import IQL
 from marlkit.agents.ippo import IPPO
+from marlkit.agents.iql import IQL
 from marlkit.agents.mappo import MAPPO
 from marlkit.agents.mat import MAT
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig

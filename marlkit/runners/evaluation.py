@@ -1,10 +1,14 @@
 """Playing whole episodes (evaluation, ``--test``, the random baseline) and summing them up."""
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import numpy as np
 
 from marlkit.agents.base import Agent
+from marlkit.config import RunConfig
 from marlkit.errors import EnvAPIError
+from marlkit.registry import get_agent
 from marlkit.runners.collector import act, advance_hidden
 
 
@@ -56,3 +60,50 @@ def run_episodes(venv, agents: dict[str, Agent], n_episodes: int, explore: bool,
                           "an episode that never ends needs env.max_episode_steps (or raise "
                           "runner.episode_step_limit)")
     return results
+
+
+def random_policy(spec) -> dict[str, Agent]:
+    """The random policy for every group of ``spec``: the baseline of ``--benchmark``."""
+    cls = get_agent("random")
+    return {g: cls(gs, spec, cls.config_cls()) for g, gs in spec.groups.items()}
+
+
+def best_metric_description(cfg: RunConfig) -> str:
+    best = cfg.runner.best_metric
+    return f"return of group {best!r}" if best else "mean return of the learning groups"
+
+
+class Evaluator:
+    """The evaluation protocol of a run: ``runner.eval_episodes`` episodes on the evaluation envs,
+    from the same env seed every time, each agent drawing from generators of its own (so training
+    draws the same numbers whether and however often it is evaluated); ``learning`` names the
+    groups whose returns choose best.pt when ``runner.best_metric`` names none."""
+
+    def __init__(self, cfg: RunConfig, learning: list[str]):
+        self.cfg, self.learning = cfg, learning
+
+    def score(self, row: dict) -> float:
+        """The figure best.pt is chosen on (``runner.best_metric``)."""
+        if self.cfg.runner.best_metric is not None:
+            return row["mean"][self.cfg.runner.best_metric]
+        return float(np.mean([row["mean"][g] for g in self.learning if g in row["mean"]] or
+                             list(row["mean"].values())))
+
+    def row(self, eval_venv, agents: dict[str, Agent], stop=None) -> dict:
+        """-> the mean and std of each group's return over the episodes ``agents`` play, the env's
+        episode statistics (``env``) and the ``score``."""
+        rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
+        with ExitStack() as own:
+            for i, agent in enumerate(agents.values()):
+                own.enter_context(agent.own_generators(seed * 1000 + i))
+            episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
+                                    seed=seed, step_limit=rc.episode_step_limit, stop=stop)
+        row = {"mean": {}, "std": {}}
+        for g in agents:
+            values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
+            row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
+        stats = mean_stats([ep["stats"] for ep in episodes])
+        if stats:
+            row["env"] = stats
+        row["score"] = self.score(row)
+        return row

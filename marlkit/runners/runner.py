@@ -7,16 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -27,19 +22,25 @@ from marlkit.agents.base import Agent, Progress
 from marlkit.allocator import keep_freed_memory
 from marlkit.config import RunConfig, save_config
 from marlkit.envs.factory import make_env_vector
-from marlkit.errors import CheckpointMismatchError, ConfigError, RunInterrupted, TrainingDivergedError
+from marlkit.errors import ConfigError, RunInterrupted, TrainingDivergedError
 from marlkit.logger import Logger
-from marlkit.memory import check_fits
-from marlkit.registry import closest, get_agent, get_env_type
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.collector import Collector
-from marlkit.runners.evaluation import EvaluationStopped, mean_stats, run_episodes
+from marlkit.runners.evaluation import (
+    EvaluationStopped,
+    Evaluator,
+    best_metric_description,
+    mean_stats,
+    random_policy,
+    run_episodes,
+)
+from marlkit.runners.group_agents import build_agents, check_groups, group_agent_names, load_group
 from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
+from marlkit.runners.run_dir import discard_run_dir, keep_traceback, new_run_dir
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
 from marlkit.runners.train_state import TrainState
 from marlkit.runners.worker_acting import WorkerCollector
-from marlkit.storage import StorageLayout
 
 
 @dataclass
@@ -59,19 +60,6 @@ class ProgressBar(tqdm):
     process would spawn them."""
 
     monitor_interval = 0
-
-
-def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
-    base = Path(cfg.runner.run_root) / Path(cfg.env_name).stem / cfg.agent
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        path = base / f"{stamp}{f'-{n}' if n else ''}_seed{cfg.seed}{suffix}"
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"could not create a run directory under {base}")
 
 
 class Runner:
@@ -124,53 +112,6 @@ class Runner:
 
     # ------------------------------------------------------------------ building
 
-    def _group_agent_names(self, groups) -> dict[str, str]:
-        unknown = [g for g in self.cfg.groups if g not in groups]
-        if unknown:
-            raise ConfigError(f"groups: unknown group {unknown[0]!r}{closest(unknown[0], groups)}; this env's "
-                              f"groups are {', '.join(groups)}")
-        best = self.cfg.runner.best_metric
-        if best is not None and best not in groups:
-            raise ConfigError(f"runner.best_metric: {best!r} is not a group of this env{closest(best, groups)}; "
-                              f"choose one of {', '.join(groups)}, or null for the mean over the learning groups")
-        return {g: (self.cfg.groups[g].agent if g in self.cfg.groups and self.cfg.groups[g].agent
-                    else self.cfg.agent) for g in groups}
-
-    def _check_groups(self) -> None:
-        """Agents that refuse some groups (their spaces) do so before the envs start, where the env
-        type can tell its spec without them."""
-        names = {self.cfg.agent, *(g.agent for g in self.cfg.groups.values() if g.agent)}
-        if not any(get_agent(name).checks_groups for name in names):
-            return
-        spec = get_env_type(self.cfg.env.type).probe_spec(self.cfg.env)
-        if spec is not None:
-            for g, name in self._group_agent_names(spec.groups).items():
-                get_agent(name).check_group(spec.groups[g])
-
-    def _build_agents(self, spec, num_envs: int) -> dict[str, Agent]:
-        """One agent per group; weights from ``--load`` (every group) or a group's own ``load``, except
-        on resume: the run's latest.pt holds every group's weights, and the files it began from may
-        have moved since."""
-        names = self._group_agent_names(spec.groups)
-        rc = self.cfg.runner
-        estimates = {g: get_agent(names[g]).memory_estimate(StorageLayout(gs, spec, num_envs, rc.horizon,
-                                                                          double=rc.overlapped()),
-                                                            self.cfg.agents[names[g]], key=f"agents.{names[g]}")
-                     for g, gs in spec.groups.items()}
-        check_fits(estimates)
-        loads = not self.cfg.resume
-        run_ckpt = load_checkpoint(self.cfg.load, self.cfg.env_name, names) if self.cfg.load and loads else None
-        agents = {}
-        for i, (g, gs) in enumerate(spec.groups.items()):
-            agents[g] = get_agent(names[g])(gs, spec, self.cfg.agents[names[g]], seed=self.cfg.seed * 1000 + i,
-                                            device=self.cfg.device)
-            group_cfg = self.cfg.groups.get(g)
-            ckpt = load_checkpoint(group_cfg.load, self.cfg.env_name, {g: names[g]}) \
-                if loads and group_cfg is not None and group_cfg.load else run_ckpt
-            if ckpt is not None:
-                _load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
-        return agents
-
     def _learning(self, g: str) -> bool:
         group_cfg = self.cfg.groups.get(g)
         return self.agents[g].learns and (group_cfg is None or group_cfg.train)
@@ -190,9 +131,9 @@ class Runner:
         state, finished, failure = None, False, None
         with terminate_as_interrupt():
             try:
-                self._check_groups()
+                check_groups(self.cfg)
                 self.venv = self._make_venv()
-                self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
+                self.agents = build_agents(self.cfg, self.venv.spec, self.venv.num_envs)
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
                 eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
                                             first_index=rc.parallels) if evaluate else None
@@ -219,35 +160,14 @@ class Runner:
                 if not finished and not cfg.resume and (state is None or state.steps == 0):
                     self._discard_run_dir()
                 if failure is not None:
-                    self._keep_worker_traceback(failure)
+                    keep_traceback(failure, self.run_dir)
         return result
 
-    def _keep_worker_traceback(self, exc: Exception) -> None:
-        """An env worker's traceback goes to ``error.log`` in the run directory (or, for a run that
-        left none, a temp file), so that the error itself stays one line that says where it is."""
-        traceback = getattr(exc, "worker_traceback", None)
-        if not traceback:
-            return
-        if self.run_dir is not None:
-            path = self.run_dir / "error.log"
-        else:
-            fd, name = tempfile.mkstemp(prefix="marlkit-error-", suffix=".log")
-            os.close(fd)
-            path = Path(name)
-        path.write_text(f"{type(exc).__name__}: {exc}\n\nworker traceback:\n{traceback}")
-        exc.add_note(f"the worker's traceback is in {path}")
-
     def _discard_run_dir(self) -> None:
-        """A new run that stopped before its first step leaves nothing behind (its directory would
-        hold a config and an empty events file, and look like a run)."""
-        if self.run_dir is not None and not any(self.run_dir.glob("*.pt")):
-            shutil.rmtree(self.run_dir, ignore_errors=True)
-            root = Path(self.cfg.runner.run_root).resolve()
-            for parent in self.run_dir.resolve().parents:   # <env>/<agent>/ when this run made them
-                if parent == root or root not in parent.parents or any(parent.iterdir()):
-                    break
-                parent.rmdir()
-            self.run_dir = None
+        if self.run_dir is not None:
+            discard_run_dir(self.run_dir, self.cfg.runner.run_root)
+            if not self.run_dir.exists():
+                self.run_dir = None
 
     def _interrupt_message(self, saved_now: bool) -> str:
         latest = self.run_dir / "latest.pt" if self.run_dir is not None else None
@@ -264,10 +184,10 @@ class Runner:
                           next_save=self.cfg.runner.save_interval)
 
     def _resume_state(self, path: Path) -> TrainState:
-        names = self._group_agent_names(self.venv.spec.groups)
+        names = group_agent_names(self.cfg, self.venv.spec.groups)
         ckpt = load_checkpoint(path, self.cfg.env_name, names)
         for g, agent in self.agents.items():
-            _load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
+            load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
         saved = pickle.loads(ckpt["runner"])
         with_envs = saved.pop("venv")
         state = TrainState.from_state_dict(saved)
@@ -448,45 +368,14 @@ class Runner:
             shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
         bar.set_postfix(shown, refresh=False)
 
-    def _score(self, row: dict) -> float:
-        """The figure best.pt is chosen on (``runner.best_metric``)."""
-        if self.cfg.runner.best_metric is not None:
-            return row["mean"][self.cfg.runner.best_metric]
-        return float(np.mean([row["mean"][g] for g in self.agents if self._learning(g)] or
-                             list(row["mean"].values())))
-
-    def _evaluation_row(self, eval_venv, agents: dict, stop=None) -> dict:
-        """The evaluation protocol: ``runner.eval_episodes`` episodes of ``agents`` on the evaluation
-        envs, from the same env seed every time, drawing from generators of their own (so training
-        draws the same numbers whether and however often it is evaluated) -> the mean and std of
-        each group's return, the env's episode statistics (``env``) and the ``score``."""
-        rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
-        with ExitStack() as own:
-            for i, agent in enumerate(agents.values()):
-                own.enter_context(agent.own_generators(seed * 1000 + i))
-            episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
-                                    seed=seed, step_limit=rc.episode_step_limit, stop=stop)
-        row = {"mean": {}, "std": {}}
-        for g in self.agents:
-            values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
-            row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
-        stats = mean_stats([ep["stats"] for ep in episodes])
-        if stats:
-            row["env"] = stats
-        row["score"] = self._score(row)
-        return row
-
-    def _random_policy(self, spec) -> dict[str, Agent]:
-        cls = get_agent("random")
-        return {g: cls(gs, spec, cls.config_cls()) for g, gs in spec.groups.items()}
-
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
+        evaluator = Evaluator(self.cfg, [g for g in self.agents if self._learning(g)])
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
-            state.baseline = self._evaluation_row(eval_venv, self._random_policy(eval_venv.spec), stop)
+            state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
         result.baseline = state.baseline
-        row = {"step": state.steps, **self._evaluation_row(eval_venv, self.agents, stop)}
+        row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop)}
         stats = row.get("env", {})
         state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
@@ -498,12 +387,8 @@ class Runner:
 
     def benchmark(self) -> RunResult:
         result = self.train(evaluate=True)
-        write_benchmark_report(self.cfg, result, best_metric=self.best_metric_description())
+        write_benchmark_report(self.cfg, result, best_metric=best_metric_description(self.cfg))
         return result
-
-    def best_metric_description(self) -> str:
-        best = self.cfg.runner.best_metric
-        return f"return of group {best!r}" if best else "mean return of the learning groups"
 
     # ------------------------------------------------------------------ test
 
@@ -513,9 +398,9 @@ class Runner:
         with terminate_as_interrupt():
             try:
                 render = cfg.render
-                self._check_groups()
+                check_groups(self.cfg)
                 self.venv = self._make_venv(rc.test_envs(render), render=render, vectorize="sync")
-                self.agents = self._build_agents(self.venv.spec, self.venv.num_envs)
+                self.agents = build_agents(self.cfg, self.venv.spec, self.venv.num_envs)
                 self._open_run_dir()
                 fps = rc.video_fps or self.venv.spec.render_fps
                 frames: dict[int, list] = {}
@@ -561,15 +446,3 @@ class Runner:
         if self.logger is not None:
             self.logger.close()
             self.logger = None
-
-
-def _load_group(agent: Agent, state: dict, name: str, weights_only: bool) -> None:
-    """Load one group's checkpoint; a network that does not fit the agent's settings is a clear
-    error, not a tensor-shape traceback."""
-    try:
-        agent.load_state_dict(state, weights_only=weights_only)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise CheckpointMismatchError(f"the checkpoint of group {agent.group.name!r} does not fit the settings in "
-                                      f"agents.{name} ({first}); use the network settings it was trained with "
-                                      "(config.yaml beside the checkpoint)") from None

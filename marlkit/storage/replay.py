@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from marlkit.spec import action_layout
 from marlkit.storage.layout import Collected, Storage, StorageLayout
 from marlkit.storage.rollout import Rollout
-from marlkit.spec import action_layout
 
 # the rollout's fields an episode keeps: per step and the step after the last ([L + 1]), and per step
 _STEP_FIELDS = ("obs", "state", "agent_mask", "action_mask")
