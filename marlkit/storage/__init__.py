@@ -1,9 +1,11 @@
 """Where collected steps go: the layout storage is made for, the rollout ``[T, E, A, ...]`` every
 collect fills, and the storage of each algorithm family (a rollout to learn from once, or a replay
 of whole episodes), with the returns computed over them."""
-from marlkit.storage.layout import Bootstrap, Collected, Storage, StorageLayout, Transition
+from marlkit.storage.base import Collected, Storage
+from marlkit.storage.layout import Bootstrap, StorageLayout, Transition
+from marlkit.storage.on_policy import RolloutBatch, RolloutStorage, minibatches
 from marlkit.storage.replay import EpisodeBatch, EpisodeReplay
-from marlkit.storage.rollout import Rollout, RolloutBatch, RolloutStorage, minibatches
+from marlkit.storage.rollout import Rollout
 
 __all__ = ["Bootstrap", "Collected", "EpisodeBatch", "EpisodeReplay", "Rollout", "RolloutBatch", "RolloutStorage",
            "Storage", "StorageLayout", "Transition", "minibatches"]

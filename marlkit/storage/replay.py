@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from marlkit.spec import action_layout
-from marlkit.storage.layout import Collected, Storage, StorageLayout
+from marlkit.storage.base import Collected, Storage
+from marlkit.storage.layout import StorageLayout
 from marlkit.storage.rollout import Rollout
 
 # the rollout's fields an episode keeps: per step and the step after the last ([L + 1]), and per step

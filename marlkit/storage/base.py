@@ -1,0 +1,53 @@
+"""The storage contract: what the collector hands a storage at the end of a collect, and what a
+storage gives the agent to learn from.
+
+Every family's storage is filled the same way: the collector (in this process, or an env worker
+for its block of envs) writes one :class:`~marlkit.storage.layout.Transition` per step into a
+:class:`~marlkit.storage.rollout.Rollout` of ``[T, E, A, ...]`` arrays, and hands the finished
+rollout over as a :class:`Collected` with the observation after its last step. ``Storage.finish``
+turns it into the batch the agent's ``update`` consumes: the rollout itself for on-policy agents,
+the episodes it completed, added to a replay, for value decomposition.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from marlkit.storage.layout import Bootstrap, StorageLayout
+from marlkit.storage.rollout import Rollout
+
+
+@dataclass
+class Collected:
+    """What one collect gave one group: the full rollout and the observation after it."""
+
+    rollout: Rollout
+    bootstrap: Bootstrap
+
+
+class Storage:
+    """A group's storage, made by its agent (``Agent.make_storage``) and held by the collector."""
+
+    layout: StorageLayout
+
+    def next_rollout(self) -> Rollout:
+        """An empty rollout for the next collect (with ``layout.double``, not the one handed over
+        last, which may still be trained on)."""
+        raise NotImplementedError
+
+    def new_rollout(self, num_envs: int) -> Rollout:
+        """An empty rollout of this layout for ``num_envs`` envs: an env worker's block, filled there
+        and joined into ``next_rollout()`` here."""
+        raise NotImplementedError
+
+    def finish(self, collected: Collected) -> Any:
+        """The batch ``Agent.update`` learns from, made of a finished collect. Called at a rollout
+        boundary, when no update runs."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """What the storage carries from one collect to the next, for a checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """The inverse of ``state_dict``."""
