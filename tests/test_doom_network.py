@@ -111,6 +111,9 @@ SCRIPT = textwrap.dedent("""
                 pass
         return out
 
+    def netns(pid):
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+
     def udp(pid):
         rows = [r.split() for r in open(f"/proc/{pid}/net/udp").read().splitlines()[1:]]
         return [(r[1], int(r[1].split(":")[1], 16)) for r in rows]
@@ -125,8 +128,7 @@ SCRIPT = textwrap.dedent("""
                 env.step({a: 1 for a in env.agents})
                 engines = engines_of(env.match.pids())
                 report.append({"isolated": env.match.isolated, "port": env.match.current_port,
-                               "engines_here": [os.stat(f"/proc/{p}/ns/net").st_ino == os.stat("/proc/self/ns/net").st_ino
-                                                for p in engines],
+                               "engines_here": [netns(p) == netns("self") for p in engines],
                                "bound_here": [a for a, port in udp(os.getpid()) if port == env.match.current_port]})
             print(json.dumps({"matches": report}))
         finally:
@@ -158,7 +160,8 @@ def _without_sys_admin() -> list[str]:
     """A command prefix that takes away the right to make namespaces directly (CAP_SYS_ADMIN), as
     an ordinary user has it; user namespaces need no right."""
     probe = ["setpriv", "--bounding-set=-sys_admin", "--inh-caps=-sys_admin", "--"]
-    if not shutil.which("setpriv") or subprocess.run([*probe, "unshare", "-rn", "true"], capture_output=True).returncode:
+    if not shutil.which("setpriv") or \
+            subprocess.run([*probe, "unshare", "-rn", "true"], capture_output=True).returncode:
         pytest.skip("setpriv, or user namespaces, are not available here")
     return probe
 

@@ -2,10 +2,15 @@
 and worker nodes of one CPU each, every node and the driver bound to 127.0.0.1. Env workers land
 on several nodes, step like in-process envs, train identically to worker processes, survive a lost
 node, stop with a named error where no node has room, and leave no game process behind."""
+import contextlib
 import ipaddress
 import os
+import secrets
+import select
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,8 +19,10 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+from ray._private import ray_constants  # noqa: E402
 
 import marlkit
+from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
 from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, loopback_cluster
 from marlkit.envs.vector import _LIVE, SyncVectorEnv
@@ -289,3 +296,191 @@ def test_without_ray_the_message_names_the_install_command(tmp_path):
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install ray==2.60.0" in lines[0] and "runner.vectorize" in lines[0], out.stderr
+
+
+def test_more_env_actors_than_the_cluster_holds_are_refused_at_once(cluster, tmp_path):
+    """doom_coop's YAML asks for 4 workers, which a cluster of 2 or 3 CPUs cannot hold: Ray would
+    leave the actors that do not fit pending until runner.worker_start_timeout (2 minutes) ran out."""
+    cpus = int(ray.cluster_resources()["CPU"])
+    assert cpus < 4
+    began = time.monotonic()
+    out = _marlkit("-m", "marlkit", "--env", "doom_coop", "--set", "runner.vectorize=ray",
+                   f"runner.ray_address={cluster.address}", f"runner.run_root={tmp_path}", timeout=120)
+    assert time.monotonic() - began < 60
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0] == (f"marlkit: error: runner.workers: 4 env actors of runner.ray_cpus_per_worker=1 CPU need 4 "
+                        f"CPUs, but the Ray cluster has {cpus}; set runner.workers={cpus} (or null: as many as the "
+                        f"cluster holds), share CPUs with runner.ray_cpus_per_worker={cpus / 4:g}, or add nodes "
+                        "(ray start --address=<head>)")
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(ConfigError, match=rf"runner.ray_cpus_per_worker: an env actor reserves 4 CPU, but the Ray "
+                                          rf"cluster has {cpus}; lower runner.ray_cpus_per_worker or add a node"):
+        RayVectorEnv(fns(2), cpus_per_worker=4)
+
+
+@contextlib.contextmanager
+def _cluster_apart(nodes: int, cpus_per_node: float):
+    """A cluster on loopback that this process does not join (it may be joined to ``cluster``)."""
+    from ray.cluster_utils import Cluster
+
+    from marlkit.envs.ray_vector import _loopback_node_ip
+    with _loopback_node_ip():
+        apart = Cluster(initialize_head=True, connect=False,
+                        head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False})
+        try:
+            for _ in range(nodes):
+                apart.add_node(num_cpus=cpus_per_node, node_ip_address=LOOPBACK)
+        except BaseException:
+            apart.shutdown()
+            raise
+    try:
+        yield apart
+    finally:
+        apart.shutdown()
+
+
+@contextlib.contextmanager
+def _try_out(nodes: int, cpus_per_node: float, **env):
+    """``python -m marlkit.envs.ray_vector``, the one-machine try-out of docs/cluster.md, with
+    ``env`` set: (its process, its address); stopped with Ctrl+C."""
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit.envs.ray_vector", "--nodes", str(nodes),
+                             "--cpus-per-node", str(cpus_per_node)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **env})
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 120)
+        line = proc.stdout.readline() if ready else ""
+        assert "runner.ray_address=" in line and "Ctrl+C stops it" in line, \
+            line + (proc.stderr.read() if not ready else "")
+        yield proc, line.rsplit("runner.ray_address=", 1)[1].split(";")[0]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
+@pytest.fixture(scope="module")
+def token_head():
+    """A head that requires an auth token (RAY_AUTH_MODE=token)."""
+    with _try_out(0, 0, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32)) as (_, address):
+        yield address
+
+
+@pytest.mark.parametrize("auth,why", [
+    ({}, "needs its auth token, and this process sent none (RAY_AUTH_MODE is not token)"),
+    ({"RAY_AUTH_MODE": "token"},
+     "needs its auth token, and this process has none (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"),
+    ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}, "refused the auth token that this process sent")])
+def test_a_driver_without_the_clusters_token_is_told_so_at_once_in_one_line(token_head, tmp_path, auth, why):
+    """Ray itself retries for 20 s with a warning a second, then says only that it cannot connect."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(auth, HOME=str(tmp_path))   # no ~/.ray/auth_token
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
+                          f"runner.ray_address={token_head}", f"runner.run_root={tmp_path / 'runs'}"],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - began < 15
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        f"marlkit: error: runner.ray_address: the Ray cluster at {token_head} {why}; set RAY_AUTH_MODE=token and "
+        "RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head prints it)"], out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def _env_actors_on(node) -> int:
+    raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    return sum(_cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_a_node_lost_without_a_word_is_survived_and_ray_keeps_off_the_console(tmp_path, trial):
+    """Three nodes of 2 CPUs, 4 env actors; the node with the most actors dies (its processes
+    SIGKILLed). Until Ray has missed its heartbeats it lists the node as alive, with the dead
+    actors' CPUs free: a replacement placed there died with it and stopped the run (one try in
+    three). Ray's report of the dead node (the last lines of its log, [state-dump] ...) goes to a
+    log file, not to the console."""
+    with _cluster_apart(3, 2) as apart:
+        root = tmp_path / "runs"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--env", "mpe_spread", "--seed", str(trial), "--set",
+                                 "runner.vectorize=ray", "runner.workers=4", "runner.parallels=4", "runner.horizon=25",
+                                 "runner.total_steps=4000", "logger=console", "runner.log_interval=1000",
+                                 "runner.progress=false", f"runner.ray_address={apart.address}",
+                                 f"runner.run_root={root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+        try:
+            deadline = time.monotonic() + 120
+            while not any(root.rglob("config.yaml")) or sum(map(_env_actors_on, apart.worker_nodes)) < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+                time.sleep(0.1)
+            time.sleep(1.0 + trial)
+            victim = max(apart.worker_nodes, key=_env_actors_on)
+            lost = _env_actors_on(victim)
+            apart.remove_node(victim, allow_graceful=False)
+            out, err = proc.communicate(timeout=240)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 0, err
+    [run_dir] = {p.parent for p in root.rglob("config.yaml")}
+    assert out.splitlines()[-1] == f"run directory: {run_dir}"
+    assert all(line.startswith("[") and "agents/episode_return=" in line for line in out.splitlines()[:-1]), out
+    assert f"env/worker_restarts={lost}" in out.splitlines()[-2] and lost >= 1
+    log = run_dir / "ray.log"
+    if not log.exists():   # the run directory came after Ray: its messages stayed in a temp file, named
+        [line] = err.strip().splitlines()
+        assert line.startswith("marlkit: Ray's messages of this run are in "), err
+        log = Path(line.rsplit(" ", 1)[1])
+    try:
+        text = log.read_text()
+        assert "Raylet is terminated. Termination is unexpected" in text and text.count("[state-dump]") >= 10
+    finally:
+        if log.parent != run_dir:
+            log.unlink()
+
+
+def test_rays_messages_go_to_a_temp_file_then_to_the_run_directory(tmp_path, capsys):
+    import logging
+
+    from marlkit.envs.ray_vector import RayLog
+    printer, handlers = ray._private.worker.print_to_stdstream, logging.getLogger("ray").handlers[:]
+    log = RayLog(ray)
+    try:
+        temp = log.path
+        assert temp.parent == Path(tempfile.gettempdir()) and temp.name.startswith("marlkit-ray-")
+        ray._private.worker.print_to_stdstream({"lines": ["node lost", "[state-dump] queue"], "pid": "raylet",
+                                                "is_err": False}, ignore_prefix=False)
+        logging.getLogger("ray._private.worker").info("connected")
+        assert log.move_to(tmp_path) == tmp_path / "ray.log" and not temp.exists()
+        logging.getLogger("ray").warning("still here")
+    finally:
+        log.close()
+    lines = (tmp_path / "ray.log").read_text().splitlines()
+    assert lines[:2] == ["(raylet) node lost", "(raylet) [state-dump] queue"]
+    assert lines[2].endswith("INFO ray._private.worker: connected") and lines[3].endswith("WARNING ray: still here")
+    assert ray._private.worker.print_to_stdstream is printer and logging.getLogger("ray").handlers == handlers
+    assert capsys.readouterr().out == ""
+    quiet = RayLog(ray)   # nothing worth keeping: the temp file goes
+    logging.getLogger("ray").info("connected")
+    quiet.close()
+    assert not quiet.path.exists() and capsys.readouterr().err == ""
+
+
+def test_the_one_machine_try_out_listens_on_loopback_and_stops_on_ctrl_c():
+    with _try_out(2, 1) as (proc, address):
+        assert address.startswith(f"{LOOPBACK}:")
+        started = descendants(proc.pid) | {proc.pid}
+        assert _listening(started) == {LOOPBACK}
+    assert gone_within(sorted(started), 30), "the try-out's Ray outlived it"

@@ -6,22 +6,35 @@ actors over nodes as it would processes. One call per actor per step carries the
 its envs, ``[E_w, A_g, ...]`` per group, and brings back the step's arrays of all its envs, images
 as the env's own dtype (uint8). The final observations travel only on steps where something ends.
 
+Actors that the cluster's CPUs cannot hold are refused at the start, naming the settings to change.
+
 Faults: every wait has a timeout (``runner.worker_timeout``, ``runner.worker_start_timeout``), so a
 hung env becomes an :class:`EnvWorkerError`, never a hang. An actor that dies (its process, or its
-whole node) is replaced on a live node with room, at most ``runner.ray_max_restarts`` times per
-run; its envs start fresh episodes, and the episode each of them was in is cut as truncated at the
-step that was lost. Where no node has room, the run stops with one line naming the lost node.
-Game processes die with their actor: each env's own clean-up watches its parent process.
+whole node) is replaced on a live node with room, kept off the node it was lost with while any
+other has room, at most ``runner.ray_max_restarts`` times per run; its envs start fresh episodes,
+and the episode each of them was in is cut as truncated at the step that was lost. Where no node
+has room, the run stops with one line naming the lost node. Game processes die with their actor:
+each env's own clean-up watches its parent process.
+
+Ray's own messages (a dead node's last log lines, its Python warnings) go to a log file, not to
+marlkit's console (:class:`RayLog`); a missing or wrong auth token is named before ``ray.init``.
 
 Ray is imported lazily: ``--help`` and the other backends never pay for it.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import os
 import pickle
+import re
 import socket
+import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -37,6 +50,13 @@ LOOPBACK = "127.0.0.1"
 ROOM_WAIT_S = 30.0
 # the whole restart of a lost actor, so that a run with no room left stops within a minute
 RESTART_LIMIT_S = 55.0
+NODE_ID_LABEL = "ray.io/node-id"   # every node carries it
+_NODE_ID = re.compile(r"\b[0-9a-f]{56}\b")   # a node's id in Ray's messages
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def import_ray():
@@ -111,35 +131,146 @@ def _descendants(pids: set[int]) -> set[int]:
     return out
 
 
-def connect(address: str | None) -> tuple[bool, object]:
+def _check_token(address: str) -> None:
+    """One call to the head with the auth token this process would send, so that a missing or
+    wrong token is named at once: ``ray.init`` retries for 20 s, writing a warning a second to the
+    console, then reports only that it could not connect."""
+    import grpc
+    from ray._private.authentication.grpc_authentication_client_interceptor import (
+        _get_authentication_metadata_tuple)
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    from ray.exceptions import AuthenticationError
+    try:
+        sent = _get_authentication_metadata_tuple()
+    except AuthenticationError:   # RAY_AUTH_MODE=token, and no token to be found
+        sent = ()
+    with grpc.insecure_channel(address) as channel:
+        try:
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=10, metadata=sent)
+            return
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                return   # for ray.init to report
+    _token_error(address, sent)
+
+
+def _token_error(address: str, sent: tuple) -> None:
+    if sent:
+        why = "refused the auth token that this process sent"
+    elif os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        why = "needs its auth token, and this process has none (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)"
+    else:
+        why = "needs its auth token, and this process sent none (RAY_AUTH_MODE is not token)"
+    raise ConfigError(f"runner.ray_address: the Ray cluster at {address} {why}; set RAY_AUTH_MODE=token and "
+                      "RAY_AUTH_TOKEN to the cluster's token (`ray get-auth-token` on its head prints it)")
+
+
+class RayLog:
+    """Ray's own messages to this process, kept off marlkit's console: the errors the cluster
+    pushes to its drivers (when a node dies, the last 20 lines of its raylet's log, most of them
+    ``[state-dump]``) and the log of Ray's Python side. They go to a temp file until
+    :meth:`move_to` gives them a directory (the run's), where they land in ``ray.log``. A temp
+    file is kept at the end only if it holds a warning or an error, and then its path is the one
+    line said about it."""
+
+    def __init__(self, ray):
+        self._worker = ray._private.worker
+        fd, name = tempfile.mkstemp(prefix="marlkit-ray-", suffix=".log")
+        self.path, self.temporary = Path(name), True
+        self._file = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
+        self._lock = threading.Lock()
+        self._printer = self._worker.print_to_stdstream
+        self._worker.print_to_stdstream = self._write
+        self._logger = logging.getLogger("ray")
+        self._handlers, self._propagate = self._logger.handlers[:], self._logger.propagate
+        self._handler = logging.StreamHandler(self._file)
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._handler.addFilter(self._note)
+        self._logger.handlers, self._logger.propagate = [self._handler], False
+        self.noteworthy = False
+
+    def _note(self, record: logging.LogRecord) -> bool:
+        self.noteworthy |= record.levelno >= logging.WARNING
+        return True
+
+    def _write(self, data: dict, ignore_prefix: bool = False) -> None:
+        with self._lock:
+            self.noteworthy = True
+            for line in data.get("lines", []):
+                self._file.write(f"({data.get('pid', 'ray')}) {line}\n")
+
+    def move_to(self, directory) -> Path:
+        """Go on in ``directory``/ray.log, with what was written so far."""
+        target = Path(directory) / "ray.log"
+        if target == self.path:
+            return target
+        with self._lock:
+            old = self._file
+            old.flush()
+            with open(target, "a", encoding="utf-8") as out:
+                out.write(self.path.read_text(encoding="utf-8", errors="replace"))
+            self._file = open(target, "a", buffering=1, encoding="utf-8", errors="replace")
+            self._handler.setStream(self._file)
+            old.close()
+            if self.temporary:
+                self.path.unlink()
+            self.path, self.temporary = target, False
+        return target
+
+    def close(self) -> None:
+        self._worker.print_to_stdstream = self._printer
+        self._logger.handlers, self._logger.propagate = self._handlers, self._propagate
+        with self._lock:
+            self._file.close()
+        if self.temporary and self.noteworthy:
+            print(f"marlkit: Ray's messages of this run are in {self.path}", file=sys.stderr)
+        elif self.temporary or self.path.stat().st_size == 0:
+            self.path.unlink()
+
+
+def connect(address: str | None) -> tuple[bool, object, RayLog | None]:
     """Join or start Ray for this run: (connected here, the sentinel of a Ray started here or
-    None). A Ray the caller already initialised is used as it is; a cluster joined is left
-    running at the end."""
+    None, where Ray's messages go). A Ray the caller already initialised is used as it is, its
+    messages included; a cluster joined is left running at the end."""
     ray = import_ray()
     if ray.is_initialized():
-        return False, None
+        return False, None, None
     if address is None:
         address = os.environ.get("RAY_ADDRESS") or None
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address is None:
         # a Ray of this run only ("local": never one that `ray start` left on this machine), and
         # nothing of it listens beyond this machine
-        with _loopback_node_ip():
-            ray.init(address="local", _node_ip_address=LOOPBACK, **quiet)
-        return True, _reap_with_this_process(ray)
+        log = RayLog(ray)
+        try:
+            with _loopback_node_ip():
+                ray.init(address="local", _node_ip_address=LOOPBACK, **quiet)
+        except BaseException:
+            log.close()
+            raise
+        return True, _reap_with_this_process(ray), log
     if address != "auto":
         _probe(address)
+        _check_token(address)
     # a head on this machine's loopback (a cluster of this machine only) is joined as a node of it:
     # found by the machine's outward IP, the driver would wait for a node of its own there
     on_loopback = address.rpartition(":")[0] in (LOOPBACK, "localhost")
+    log = RayLog(ray)
     try:
         with _loopback_node_ip() if on_loopback else contextlib.nullcontext():
             ray.init(address=address, **({"_node_ip_address": LOOPBACK} if on_loopback else {}), **quiet)
+    except ray.exceptions.AuthenticationError:
+        log.close()
+        _token_error(address, ())
     except (ConnectionError, ValueError, RuntimeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"runner.ray_address: cannot join a Ray cluster at {address!r} ({first}); start one "
-                          "with `ray start --head`, or set runner.ray_address: null for a local Ray") from None
-    return True, None
+        log.close()
+        raise ConfigError(f"runner.ray_address: cannot join a Ray cluster at {address!r} ({_first_line(exc)}); "
+                          "start one with `ray start --head`, or set runner.ray_address: null for a local Ray") from None
+    except BaseException:
+        log.close()
+        raise
+    return True, None, log
 
 
 @contextlib.contextmanager
@@ -231,12 +362,12 @@ class RayVectorEnv(VectorEnv):
         self.bytes_sent = self.bytes_received = 0
         self.closed = False
         self.actors: list = []
-        self.connected, self.reaper = connect(address)
+        self._lost: dict[int, Exception] = {}   # actors found dead between steps, replaced at the next one
+        self.connected, self.reaper, self.ray_log = connect(address)
         _LIVE.add(self)
         try:
-            if num_workers is None:
-                num_workers = max(1, int(ray.cluster_resources().get("CPU", 1) // cpus_per_worker))
-            chunks = np.array_split(np.arange(self.num_envs), min(num_workers, self.num_envs))
+            num_workers = self._fitting(num_workers)
+            chunks = np.array_split(np.arange(self.num_envs), num_workers)
             self.blocks = [slice(int(c[0]), int(c[-1]) + 1) for c in chunks]
             self.actor_cls = ray.remote(EnvHost)
             self.actors = [self._spawn(w) for w in range(len(self.blocks))]
@@ -252,12 +383,39 @@ class RayVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------ actors
 
+    def _fitting(self, num_workers: int | None) -> int:
+        """The number of actors, refused at once where the cluster's CPUs cannot hold them: Ray
+        would leave the actors that do not fit pending, and the run would stop only when
+        ``runner.worker_start_timeout`` ran out. The number asked for is not shrunk to fit: it
+        decides how the envs are grouped on nodes (a Doom match's engines share their actor's CPUs),
+        so a run does what its config says or says why not; null asks for the cluster's size."""
+        total = self.ray.cluster_resources().get("CPU", 0.0)
+        room = int(total / self.cpus + 1e-9)
+        if num_workers is None:
+            if room < 1:
+                raise ConfigError(f"runner.ray_cpus_per_worker: an env actor reserves {self.cpus:g} CPU, but the Ray "
+                                  f"cluster has {total:g}; lower runner.ray_cpus_per_worker or add a node "
+                                  "(ray start --address=<head> --num-cpus=N)")
+            num_workers = room
+        actors = min(num_workers, self.num_envs)
+        if actors > room:
+            share = math.floor(total / actors * 100) / 100
+            fixes = ([f"set runner.workers={room} (or null: as many as the cluster holds)"] if room else []) + \
+                ([f"share CPUs with runner.ray_cpus_per_worker={share:g}"] if share >= 0.01 else [])
+            raise ConfigError(f"runner.workers: {actors} env actors of runner.ray_cpus_per_worker={self.cpus:g} CPU "
+                              f"need {actors * self.cpus:g} CPUs, but the Ray cluster has {total:g}; "
+                              + ", ".join([*fixes, "or add nodes (ray start --address=<head>)"]))
+        return actors
+
     def _fns(self, w: int) -> list:
         return self.env_fns[self.blocks[w]]
 
-    def _spawn(self, w: int):
+    def _spawn(self, w: int, label_selector: dict | None = None):
         # restarts are this class's own: a replacement must also reset its envs and cut their episodes
-        return self.actor_cls.options(num_cpus=self.cpus, max_restarts=0, max_task_retries=0).remote()
+        options = {"num_cpus": self.cpus, "max_restarts": 0, "max_task_retries": 0}
+        if label_selector:
+            options["label_selector"] = label_selector
+        return self.actor_cls.options(**options).remote()
 
     def _describe(self, w: int) -> str:
         b = self.blocks[w]
@@ -293,15 +451,33 @@ class RayVectorEnv(VectorEnv):
 
     def _step_refs(self, actions: dict[str, np.ndarray]) -> list:
         refs = []
-        for actor, b in zip(self.actors, self.blocks):
+        for w, (actor, b) in enumerate(zip(self.actors, self.blocks)):
+            if w in self._lost:
+                refs.append(None)
+                continue
             part = {g: a[b] for g, a in actions.items()}
             self.bytes_sent += sum(a.nbytes for a in part.values())
             refs.append(actor.step.remote(part))
         return refs
 
+    def _room(self, avoid: set[str]) -> dict | None:
+        """Where a replacement may go: a label selector that keeps it off the nodes in ``avoid``
+        while another live node has room, {} (anywhere) where only those have room, None while no
+        live node has. A node that went down without a word stays listed as alive, with its dead
+        actors' CPUs free, until its heartbeats have been missed for a while: Ray would place the
+        replacement there first, the least loaded node, and the replacement would die with it."""
+        from ray._private.state import available_resources_per_node
+        alive = {n["NodeID"] for n in self.ray.nodes() if n["Alive"]}
+        room = {node for node, free in available_resources_per_node().items()
+                if node in alive and free.get("CPU", 0.0) >= self.cpus - 1e-9}
+        if room - avoid:
+            return {NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}
+        return {} if room else None
+
     def _restart(self, w: int, cause: Exception) -> dict:
         """A new actor for worker ``w``'s envs on a live node with room; the first observations
-        of its reset envs."""
+        of its reset envs. A replacement that dies before it has reset its envs (its node was going
+        down too) is replaced in turn, within the same minute."""
         ray = self.ray
         lost = self._where(w)
         self.restarts += 1
@@ -310,21 +486,31 @@ class RayVectorEnv(VectorEnv):
                                  f"beyond runner.ray_max_restarts={self.max_restarts}: check the node, raise "
                                  "the setting, and continue with --resume")
         ray.kill(self.actors[w], no_restart=True)
-        began = time.monotonic()
-        while ray.available_resources().get("CPU", 0.0) < self.cpus:
-            if time.monotonic() - began > ROOM_WAIT_S:
-                raise EnvWorkerError(f"{lost} was lost and no live node has {self.cpus:g} free CPU for its envs; "
-                                     "add a node (ray start --address=<head>) or lower runner.parallels, "
-                                     "and continue with --resume")
-            time.sleep(0.5)
-        self.actors[w] = self._spawn(w)
-        limit = min(self.start_timeout, max(1.0, RESTART_LIMIT_S - (time.monotonic() - began)))
-        (spec, node, ip, pid), = self._get([self.actors[w].start.remote(self._fns(w))], "creating the env",
-                                           limit, [w])
-        self.nodes[w] = (node, ip, pid)
-        b = self.blocks[w]
-        seeds = _seeds(self._seed, b.stop - b.start, b.start + self.restarts * self.num_envs)
-        return self._get([self.actors[w].reset.remote(seeds)], "resetting", workers=[w])[0]
+        avoid, began = {self.nodes[w][0]}, time.monotonic()
+        while True:
+            while (selector := self._room(avoid)) is None:
+                if time.monotonic() - began > ROOM_WAIT_S:
+                    raise EnvWorkerError(f"{lost} was lost and no live node has {self.cpus:g} free CPU for its envs; "
+                                         "add a node (ray start --address=<head>) or lower runner.parallels, "
+                                         "and continue with --resume")
+                time.sleep(0.5)
+            self.actors[w] = self._spawn(w, selector)
+            limit = min(self.start_timeout, max(1.0, RESTART_LIMIT_S - (time.monotonic() - began)))
+            b = self.blocks[w]
+            try:
+                (spec, node, ip, pid), = self._get([self.actors[w].start.remote(self._fns(w))], "creating the env",
+                                                   limit, [w])
+                seeds = _seeds(self._seed, b.stop - b.start, b.start + self.restarts * self.num_envs)
+                fresh = self._get([self.actors[w].reset.remote(seeds)], "resetting", workers=[w])[0]
+            except ray.exceptions.RayActorError as exc:
+                ray.kill(self.actors[w], no_restart=True)
+                avoid |= set(_NODE_ID.findall(str(exc)))
+                if time.monotonic() - began > RESTART_LIMIT_S:
+                    raise EnvWorkerError(f"{lost} was lost, and so was its replacement ({_first_line(exc)}); check "
+                                         "the cluster's nodes (ray status) and continue with --resume") from None
+                continue
+            self.nodes[w] = (node, ip, pid)
+            return fresh
 
     # ------------------------------------------------------------------ vector env
 
@@ -337,16 +523,24 @@ class RayVectorEnv(VectorEnv):
     def reset(self, seed: int | None = None) -> Observation:
         self._seed = seed
         refs = [actor.reset.remote(_seeds(seed, b.stop - b.start, b.start)) for actor, b in zip(self.actors, self.blocks)]
-        for w, arrays in enumerate(self._get(refs, "resetting")):
+        for w, ref in enumerate(refs):
+            try:
+                arrays = self._get([ref], "resetting", workers=[w])[0]
+            except self.ray.exceptions.RayActorError as exc:
+                arrays = self._restart(w, exc)
             self._put(w, arrays)
+        self._lost.clear()
         return self._start(self.arrays.observation("next"))
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         ray = self.ray
         refs = self._step_refs(actions)
-        ended, lost = {}, {}
+        ended, lost = {}, dict(self._lost)
+        self._lost.clear()
         a = self.arrays.a
         for w, ref in enumerate(refs):
+            if ref is None:
+                continue
             try:
                 (arrays, stats), = self._get([ref], "stepping", workers=[w])
             except ray.exceptions.RayActorError as exc:
@@ -393,8 +587,16 @@ class RayVectorEnv(VectorEnv):
         return self._get([self.actors[w].render.remote(index - self.blocks[w].start)], "rendering", workers=[w])[0]
 
     def _env_states(self) -> list[bytes | None]:
-        per_worker = self._get([actor.get_state.remote() for actor in self.actors], "saving env state")
-        return [blob for blobs in per_worker for blob in blobs]
+        """Every env's state; an actor lost meanwhile has none to give (the checkpoint then resumes
+        with fresh episodes), and is replaced at the next step, which cuts its envs' episodes."""
+        refs, out = [actor.get_state.remote() for actor in self.actors], []
+        for w, ref in enumerate(refs):
+            try:
+                out += self._get([ref], "saving env state", workers=[w])[0]
+            except self.ray.exceptions.RayActorError as exc:
+                self._lost[w] = exc
+                out += [None] * (self.blocks[w].stop - self.blocks[w].start)
+        return out
 
     def _load_env_states(self, blobs: list[bytes]) -> None:
         self._get([actor.set_state.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
@@ -418,6 +620,14 @@ class RayVectorEnv(VectorEnv):
             ray.shutdown()
         if self.reaper is not None:
             disarm(self.reaper)
+        if self.ray_log is not None:
+            self.ray_log.close()
+
+    def log_to(self, directory) -> None:
+        """Ray's messages to this run go on in ``directory``/ray.log (the run directory, once there
+        is one), with those written before; no-op where the caller initialised Ray."""
+        if self.ray_log is not None:
+            self.ray_log.move_to(directory)
 
 
 def make_ray_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, num_workers: int | None,
@@ -428,3 +638,31 @@ def make_ray_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, n
     import functools
     fns = [functools.partial(env_fn, first_index + i) for i in range(num_envs)]
     return RayVectorEnv(fns, num_workers, cpus_per_worker, address, timeout, start_timeout, max_restarts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m marlkit.envs.ray_vector``: a Ray cluster of several nodes on this machine's
+    loopback until Ctrl+C, for trying ``runner.vectorize: ray`` and node loss without a network.
+    ``ray start`` cannot do this: it maps 127.0.0.1 onto the machine's outward address, so that
+    other machines can join."""
+    import argparse
+    import signal
+    parser = argparse.ArgumentParser(prog="python -m marlkit.envs.ray_vector",
+                                     description="A Ray cluster of several nodes on 127.0.0.1 alone, until Ctrl+C.")
+    parser.add_argument("--nodes", type=int, default=2, help="worker nodes (the head has no CPUs)")
+    parser.add_argument("--cpus-per-node", type=float, default=2)
+    args = parser.parse_args(argv)
+    # both unwind, so that the nodes stop (SIGINT too where a shell started this in the background)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with loopback_cluster(args.nodes, args.cpus_per_node) as cluster:
+        print(f"a Ray cluster of {args.nodes} nodes of {args.cpus_per_node:g} CPUs on {LOOPBACK}; join it with "
+              f"--set runner.vectorize=ray runner.ray_address={cluster.address}; Ctrl+C stops it", flush=True)
+        try:
+            threading.Event().wait()
+        except KeyboardInterrupt:
+            pass
+
+
+if __name__ == "__main__":
+    main()
