@@ -126,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> int:
     """The ``marlkit`` program (and ``python -m marlkit``): ``main`` on the command line, then exit."""
+    from marlkit.allocator import keep_freed_memory
+    keep_freed_memory()   # before any thread allocates: glibc fixes its arenas then
     code = main()
     # the program is over and its files are closed: the interpreter's last garbage collection
     # would walk every object torch made (0.3 s) for nothing
