@@ -17,7 +17,7 @@ from argparse_dataclass import ArgumentParser
 from marlkit.config import available_envs
 from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, EnvWorkerError, RunInterrupted,
                             TrainingDivergedError)
-from marlkit.registry import REGISTRY, UnknownNameError, builtin_agents
+from marlkit.registry import REGISTRY, UnknownNameError, builtin_agents, first_sentence
 
 
 @dataclass
@@ -68,8 +68,7 @@ def _gather_repeated(argv: list[str], flags=("--set", "--config", "--import")) -
 def list_everything() -> str:
     agents = builtin_agents()
     for name, cls in REGISTRY.items():  # the ones registered by --import
-        doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-        agents.setdefault(name, doc[0] if doc else "")
+        agents.setdefault(name, first_sentence(cls.__doc__ or sys.modules[cls.__module__].__doc__ or ""))
     envs = available_envs()
     width = max(map(len, [*agents, *envs]))
     lines = ["agents:"]

@@ -6,6 +6,7 @@ configs pick it up by name with no other edit.
 from __future__ import annotations
 
 import difflib
+import re
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -96,9 +97,15 @@ def builtin_agents() -> dict[str, str]:
             for dec in node.decorator_list:
                 if (isinstance(dec, ast.Call) and getattr(dec.func, "id", None) == "register_agent"
                         and dec.args and isinstance(dec.args[0], ast.Constant)):
-                    doc = (ast.get_docstring(node) or module_doc).strip().splitlines()
-                    found[dec.args[0].value] = doc[0] if doc else ""
+                    found[dec.args[0].value] = first_sentence(ast.get_docstring(node) or module_doc)
     return found
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, whole, on one line (``--list``)."""
+    paragraph = " ".join(doc.strip().split("\n\n")[0].split())
+    end = re.search(r"[.!?](\s|$)", paragraph)
+    return paragraph[:end.start() + 1] if end else paragraph
 
 
 def _load_builtins(table: dict | None = None) -> None:

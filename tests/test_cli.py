@@ -82,6 +82,15 @@ def test_list_shows_agents_and_envs():
     assert out.returncode == 0
     assert "MAPPO" in out.stdout and "IPPO" in out.stdout and "random" in out.stdout
     assert "mpe_spread" in out.stdout and "simple_spread_v3" in out.stdout
+    # each agent described by one whole sentence, never cut where its docstring's line ends
+    agents = out.stdout.split("envs:")[0].splitlines()[1:]
+    assert len(agents) >= 8
+    for line in agents:
+        name, description = line.split(maxsplit=1)
+        assert description.endswith("."), line
+    from marlkit.registry import first_sentence
+    assert first_sentence("Actor on each agent's own\n    observation; critic on ``state``,\n    encoded once. More.") == \
+        "Actor on each agent's own observation; critic on ``state``, encoded once."
 
 
 @pytest.mark.parametrize("args,message", [

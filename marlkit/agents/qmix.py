@@ -22,7 +22,7 @@ class QMIXConfig(ValueDecompositionConfig):
 
 @register_agent("QMIX")
 class QMIX(ValueDecompositionAgent):
-    """Q-learning of the team's Q through a monotonic mixer whose weights hypernetworks of the global state give."""
+    """Q-learning of the team's Q through a monotonic mixer, its weights made by hypernetworks of the global state."""
 
     config_cls = QMIXConfig
 
