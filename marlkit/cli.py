@@ -4,6 +4,7 @@
     marlkit --agent MAPPO --env mpe_spread --benchmark       train + periodic eval + report
     marlkit --test --load runs/.../best.pt                   evaluate a checkpoint (its run's agent and env)
     marlkit --list                                           registered agents and envs
+    marlkit --agent QMIX --env lbf_8x8_2p_2f_coop --print-config    the resolved config, every key
 """
 import argparse
 import gc
@@ -44,6 +45,10 @@ class CLIArgs:
         "args": ["--import"], "nargs": "*", "metavar": "MODULE",
         "help": "import modules that register your own agents, envs or models first"})
     list: bool = field(default=False, metadata={"help": "list registered agents and envs, then exit"})
+    print_config: bool = field(default=False, metadata={
+        "args": ["--print-config"],
+        "help": "print the resolved config of --agent, --env, --config and --set as YAML (usable as --config), "
+                "then exit"})
 
 
 def _gather_repeated(argv: list[str], flags=("--set", "--config", "--import")) -> list[str]:
@@ -104,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         overrides = parse_set(args.set)
         overrides.update(top)
         cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, overrides=overrides)
+        if args.print_config:
+            import yaml
+            print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+            return 0
         result = run_config(cfg)
         print(f"run directory: {result.run_dir}")
     except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:

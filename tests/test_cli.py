@@ -162,3 +162,22 @@ def test_main_run_from_python_leaves_the_garbage_collector_as_it_was(tmp_path, m
     before = gc.get_freeze_count()
     assert main() == 0
     assert gc.get_freeze_count() == before
+
+
+def test_print_config_round_trips(tmp_path):
+    """--print-config prints the merged config without starting anything; used as --config, the same
+    flags give the same config."""
+    import yaml
+    args = ["--agent", "QMIX", "--env", "lbf_8x8_2p_2f_coop", "--set", "runner.parallels=4",
+            "agents.QMIX.lr=0.001"]
+    out = cli(*args, "--print-config")
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    assert printed["runner"]["parallels"] == 4 and printed["agents"]["QMIX"]["lr"] == 0.001
+    assert printed["agents"]["QMIX"]["mixing_embed_dim"] == 32 and printed["env"]["time_limit"] == 50
+    assert not (tmp_path / "runs").exists() and "run directory" not in out.stdout
+    saved = tmp_path / "printed.yaml"
+    saved.write_text(out.stdout)
+    again = cli("--agent", "QMIX", "--env", "lbf_8x8_2p_2f_coop", "--config", str(saved), "--print-config")
+    assert again.returncode == 0, again.stderr
+    assert yaml.safe_load(again.stdout) == printed
