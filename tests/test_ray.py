@@ -451,31 +451,49 @@ def test_a_node_lost_without_a_word_is_survived_and_ray_keeps_off_the_console(tm
             log.unlink()
 
 
-def test_rays_messages_go_to_a_temp_file_then_to_the_run_directory(tmp_path, capsys):
+def test_rays_messages_are_held_then_kept_in_a_temp_file_or_the_run_directory(tmp_path, capsys):
+    """Ray's messages are held until there is a run directory, where ray.log gets them; a warning
+    or an error before that puts them in a temp file, named at the end; nothing else leaves a
+    file behind (a run killed with SIGKILL runs no clean-up)."""
     import logging
 
     from marlkit.envs.ray_vector import RayLog
     printer, handlers = ray._private.worker.print_to_stdstream, logging.getLogger("ray").handlers[:]
+    before = set(Path(tempfile.gettempdir()).glob("marlkit-ray-*"))
+    quiet = RayLog(ray)
+    logging.getLogger("ray._private.worker").info("connected")
+    assert quiet.path is None and set(Path(tempfile.gettempdir()).glob("marlkit-ray-*")) == before
+    assert quiet.move_to(tmp_path) == tmp_path / "ray.log"
+    quiet.close()
+    assert (tmp_path / "ray.log").read_text().endswith("INFO ray._private.worker: connected\n")
+    (tmp_path / "ray.log").unlink()
+
     log = RayLog(ray)
     try:
-        temp = log.path
-        assert temp.parent == Path(tempfile.gettempdir()) and temp.name.startswith("marlkit-ray-")
+        logging.getLogger("ray._private.worker").info("connected")
         ray._private.worker.print_to_stdstream({"lines": ["node lost", "[state-dump] queue"], "pid": "raylet",
                                                 "is_err": False}, ignore_prefix=False)
-        logging.getLogger("ray._private.worker").info("connected")
+        temp = log.path
+        assert temp.parent == Path(tempfile.gettempdir()) and temp.name.startswith("marlkit-ray-")
+        assert temp.read_text().splitlines()[1:] == ["(raylet) node lost", "(raylet) [state-dump] queue"]
         assert log.move_to(tmp_path) == tmp_path / "ray.log" and not temp.exists()
         logging.getLogger("ray").warning("still here")
     finally:
         log.close()
     lines = (tmp_path / "ray.log").read_text().splitlines()
-    assert lines[:2] == ["(raylet) node lost", "(raylet) [state-dump] queue"]
-    assert lines[2].endswith("INFO ray._private.worker: connected") and lines[3].endswith("WARNING ray: still here")
+    assert lines[0].endswith("INFO ray._private.worker: connected") and lines[3].endswith("WARNING ray: still here")
+    assert lines[1:3] == ["(raylet) node lost", "(raylet) [state-dump] queue"]
     assert ray._private.worker.print_to_stdstream is printer and logging.getLogger("ray").handlers == handlers
-    assert capsys.readouterr().out == ""
-    quiet = RayLog(ray)   # nothing worth keeping: the temp file goes
-    logging.getLogger("ray").info("connected")
-    quiet.close()
-    assert not quiet.path.exists() and capsys.readouterr().err == ""
+    assert capsys.readouterr() == ("", "")
+
+    kept = RayLog(ray)   # a warning, and no run directory yet
+    logging.getLogger("ray").warning("cannot reach a node")
+    kept.close()
+    try:
+        assert capsys.readouterr().err == f"marlkit: Ray's messages of this run are in {kept.path}\n"
+        assert kept.path.read_text().endswith("WARNING ray: cannot reach a node\n")
+    finally:
+        kept.path.unlink()
 
 
 def test_the_one_machine_try_out_listens_on_loopback_and_stops_on_ctrl_c():

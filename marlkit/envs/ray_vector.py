@@ -16,14 +16,15 @@ and the episode each of them was in is cut as truncated at the step that was los
 has room, the run stops with one line naming the lost node. Game processes die with their actor:
 each env's own clean-up watches its parent process.
 
-Ray's own messages (a dead node's last log lines, its Python warnings) go to a log file, not to
-marlkit's console (:class:`RayLog`); a missing or wrong auth token is named before ``ray.init``.
+Ray's own messages (a dead node's last log lines, its Python log) stay off marlkit's console
+(:class:`RayLog`); a missing or wrong auth token is named before ``ray.init``.
 
 Ray is imported lazily: ``--help`` and the other backends never pay for it.
 """
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import os
@@ -169,17 +170,17 @@ def _token_error(address: str, sent: tuple) -> None:
 class RayLog:
     """Ray's own messages to this process, kept off marlkit's console: the errors the cluster
     pushes to its drivers (when a node dies, the last 20 lines of its raylet's log, most of them
-    ``[state-dump]``) and the log of Ray's Python side. They go to a temp file until
-    :meth:`move_to` gives them a directory (the run's), where they land in ``ray.log``. A temp
-    file is kept at the end only if it holds a warning or an error, and then its path is the one
-    line said about it."""
+    ``[state-dump]``) and the log of Ray's Python side. They are held in memory until
+    :meth:`move_to` gives them a directory (the run's), where they go to ``ray.log``; a warning or
+    an error before that puts them in a temp file, which is kept and named in one line at the end.
+    Nothing else leaves a file behind, however the run ends."""
 
     def __init__(self, ray):
         self._worker = ray._private.worker
-        fd, name = tempfile.mkstemp(prefix="marlkit-ray-", suffix=".log")
-        self.path, self.temporary = Path(name), True
-        self._file = os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace")
-        self._lock = threading.Lock()
+        self.path: Path | None = None
+        self.temporary = True
+        self._file = io.StringIO()
+        self._lock = threading.RLock()
         self._printer = self._worker.print_to_stdstream
         self._worker.print_to_stdstream = self._write
         self._logger = logging.getLogger("ray")
@@ -188,34 +189,43 @@ class RayLog:
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         self._handler.addFilter(self._note)
         self._logger.handlers, self._logger.propagate = [self._handler], False
-        self.noteworthy = False
 
     def _note(self, record: logging.LogRecord) -> bool:
-        self.noteworthy |= record.levelno >= logging.WARNING
+        if record.levelno >= logging.WARNING:
+            self._keep()
         return True
+
+    def _keep(self) -> None:
+        with self._lock:
+            if self.path is None:
+                fd, name = tempfile.mkstemp(prefix="marlkit-ray-", suffix=".log")
+                self._switch(os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="replace"))
+                self.path = Path(name)
+
+    def _switch(self, file) -> None:
+        """Go on writing to ``file``, after what was written so far."""
+        old = self._file
+        old.flush()
+        file.write(old.getvalue() if self.path is None else self.path.read_text(encoding="utf-8", errors="replace"))
+        self._file = file
+        self._handler.setStream(file)
+        old.close()
+        if self.path is not None and self.temporary:
+            self.path.unlink()
 
     def _write(self, data: dict, ignore_prefix: bool = False) -> None:
         with self._lock:
-            self.noteworthy = True
+            self._keep()
             for line in data.get("lines", []):
                 self._file.write(f"({data.get('pid', 'ray')}) {line}\n")
 
     def move_to(self, directory) -> Path:
         """Go on in ``directory``/ray.log, with what was written so far."""
         target = Path(directory) / "ray.log"
-        if target == self.path:
-            return target
         with self._lock:
-            old = self._file
-            old.flush()
-            with open(target, "a", encoding="utf-8") as out:
-                out.write(self.path.read_text(encoding="utf-8", errors="replace"))
-            self._file = open(target, "a", buffering=1, encoding="utf-8", errors="replace")
-            self._handler.setStream(self._file)
-            old.close()
-            if self.temporary:
-                self.path.unlink()
-            self.path, self.temporary = target, False
+            if target != self.path:
+                self._switch(open(target, "a", buffering=1, encoding="utf-8", errors="replace"))
+                self.path, self.temporary = target, False
         return target
 
     def close(self) -> None:
@@ -223,9 +233,11 @@ class RayLog:
         self._logger.handlers, self._logger.propagate = self._handlers, self._propagate
         with self._lock:
             self._file.close()
-        if self.temporary and self.noteworthy:
+        if self.path is None:
+            return
+        if self.temporary:
             print(f"marlkit: Ray's messages of this run are in {self.path}", file=sys.stderr)
-        elif self.temporary or self.path.stat().st_size == 0:
+        elif self.path.stat().st_size == 0:
             self.path.unlink()
 
 
