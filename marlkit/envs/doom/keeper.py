@@ -86,6 +86,8 @@ def keep(work_dir: str, isolate: bool) -> None:
         line = f"{os.getpid()} isolated {_isolate()}" if isolate else f"{os.getpid()} shared"
     except OSError as exc:
         line = f"{os.getpid()} shared {exc.strerror or exc}"
+    except AttributeError:   # a C library without unshare: not Linux
+        line = f"{os.getpid()} shared this system has no network namespaces"
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
     while sys.stdin.buffer.read(4096):
