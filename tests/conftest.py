@@ -82,6 +82,17 @@ def assert_close_training(a, b, group: str = "agents", rel: float = 1e-4) -> Non
         torch.testing.assert_close(wa[name], wb[name], rtol=rel, atol=1e-6, msg=name)
 
 
+def best_by_the_rule(evaluations: list[dict]) -> dict:
+    """The evaluation best.pt should hold: the first, replaced only by one that beats it by more
+    than the noise (``marlkit.runners.statistics.beats``)."""
+    from marlkit.runners.statistics import beats
+    best = evaluations[0]
+    for row in evaluations[1:]:
+        if beats(row, best):
+            best = row
+    return best
+
+
 def learn_from(agent, transitions, bootstrap, progress=None) -> dict:
     """``agent.update`` on a rollout of ``transitions`` (one per step, ``[E, A, ...]``) and the
     ``bootstrap`` after them, stored as the collector stores them."""

@@ -8,6 +8,8 @@ import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from conftest import best_by_the_rule
+
 TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "runner.eval_episodes=4",
         "runner.eval_parallels=2", "runner.eval_interval=100", "runner.log_interval=50"]
 
@@ -47,7 +49,11 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     [brun] = only_run_dir(root, "IPPO")
     report = json.loads((brun / "benchmark.json").read_text())
     assert [r["step"] for r in report["evaluations"]] == [0, 100, 200, 300]
-    assert report["best"]["score"] == max(r["score"] for r in report["evaluations"])
+    assert report["best"] == best_by_the_rule(report["evaluations"])
+    assert all(r["episodes"] == 4 and set(r["ci"]) == set(r["mean"]) for r in report["evaluations"])
+    # one line per evaluation as it happens, with its interval
+    assert sum(line.startswith("eval at step ") for line in bench.stdout.splitlines()) == 4
+    assert "agents -" in bench.stdout and " ± " in bench.stdout
     assert (brun / "best.pt").is_file() and (brun / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "benchmark: IPPO on mpe_spread" in bench.stdout
     assert f"best.pt: step {report['best']['step']}, chosen on the mean return of the learning groups" in bench.stdout

@@ -3,6 +3,7 @@ trained one."""
 import json
 
 import pytest
+import torch
 
 import marlkit
 
@@ -88,3 +89,29 @@ def test_the_random_baseline_does_not_replay_an_untrained_policys_moves():
     moves = actions(policy, Agent.own_generators)
     assert (moves == actions(random, Agent.own_generators)).mean() > 0.9     # the coincidence
     assert (moves == actions(random, type(random).own_generators)).mean() < 0.5
+
+
+def test_a_new_best_must_beat_the_old_one_by_more_than_the_noise():
+    """Intervals are Student's t over the episodes; a later evaluation replaces the best only when
+    its score is higher by more than 1.96 standard errors of the difference."""
+    from marlkit.runners.statistics import beats, mean_ci
+    mean, ci, se = mean_ci([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and se == pytest.approx(0.6455, abs=1e-4) and ci == pytest.approx(3.182 * se)
+    assert mean_ci([5.0]) == (5.0, 0.0, 0.0)
+    best = {"score": 1.0, "score_se": 0.5}
+    assert not beats({"score": 2.3, "score_se": 0.5}, best)     # 1.3 < 1.96 * sqrt(0.5)
+    assert beats({"score": 2.5, "score_se": 0.5}, best)         # 1.5 > 1.386
+    assert not beats({"score": 0.9, "score_se": 0.0}, {"score": 1.0, "score_se": 0.0})
+    assert beats({"score": 1.01, "score_se": 0.0}, {"score": 1.0, "score_se": 0.0})   # no noise: any gain
+
+
+def test_benchmark_rows_carry_intervals_and_best_follows_the_rule(tiny):
+    from conftest import best_by_the_rule
+    run = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=3,
+                      **{**tiny, "runner.total_steps": 200, "runner.eval_episodes": 6, "runner.eval_interval": 50})
+    rows = run.evaluations
+    assert len(rows) == 5 and all(r["episodes"] == 6 for r in rows)
+    for r in rows:
+        assert 0 < r["ci"]["agents"] and r["score_ci"] == pytest.approx(r["ci"]["agents"])
+    assert run.best == best_by_the_rule(rows)
+    assert torch.load(run.run_dir / "best.pt", weights_only=False)["steps"] == run.best["step"]

@@ -10,6 +10,7 @@ from marlkit.config import RunConfig
 from marlkit.errors import EnvAPIError
 from marlkit.registry import get_agent
 from marlkit.runners.collector import act, advance_hidden
+from marlkit.runners.statistics import mean_ci
 
 
 class EvaluationStopped(Exception):
@@ -82,28 +83,48 @@ class Evaluator:
     def __init__(self, cfg: RunConfig, learning: list[str]):
         self.cfg, self.learning = cfg, learning
 
-    def score(self, row: dict) -> float:
-        """The figure best.pt is chosen on (``runner.best_metric``)."""
+    def scored_groups(self, groups) -> list[str]:
+        """The groups whose returns make the score best.pt is chosen on (``runner.best_metric``)."""
         if self.cfg.runner.best_metric is not None:
-            return row["mean"][self.cfg.runner.best_metric]
-        return float(np.mean([row["mean"][g] for g in self.learning if g in row["mean"]] or
-                             list(row["mean"].values())))
+            return [self.cfg.runner.best_metric]
+        return [g for g in self.learning if g in groups] or list(groups)
 
     def row(self, eval_venv, agents: dict[str, Agent], stop=None) -> dict:
-        """-> the mean and std of each group's return over the episodes ``agents`` play, the env's
-        episode statistics (``env``) and the ``score``."""
+        """-> per group the mean, std and 95% confidence interval (``ci``: the half-width) of its
+        return over the episodes ``agents`` play; the env's episode statistics (``env``, with
+        ``env_ci``); the ``score`` best.pt is chosen on, per episode the mean return of the scored
+        groups, with ``score_ci`` and ``score_se``; and the number of ``episodes``."""
         rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
                 own.enter_context(agent.own_generators(seed * 1000 + i))
             episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
                                     seed=seed, step_limit=rc.episode_step_limit, stop=stop)
-        row = {"mean": {}, "std": {}}
+        row = {"mean": {}, "std": {}, "ci": {}, "episodes": len(episodes)}
         for g in agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
-            row["mean"][g], row["std"][g] = float(values.mean()), float(values.std())
-        stats = mean_stats([ep["stats"] for ep in episodes])
-        if stats:
-            row["env"] = stats
-        row["score"] = self.score(row)
+            row["mean"][g], row["ci"][g], _ = mean_ci(values)
+            row["std"][g] = float(values.std())
+        stats = [ep["stats"] for ep in episodes]
+        names = dict.fromkeys(k for ep in stats for k in ep)
+        if names:
+            row["env"], row["env_ci"] = {}, {}
+            for k in names:
+                row["env"][k], row["env_ci"][k], _ = mean_ci([ep[k] for ep in stats if k in ep])
+        scored = self.scored_groups(agents)
+        per_episode = [np.mean([ep["return"][g] for g in scored if g in ep["return"]]) for ep in episodes
+                       if any(g in ep["return"] for g in scored)]
+        row["score"], row["score_ci"], row["score_se"] = mean_ci(per_episode)
         return row
+
+
+def evaluation_line(row: dict, baseline: dict | None, new_best: bool) -> str:
+    """One console line per evaluation: the step, each group's mean return with its 95% interval
+    (the random policy's beside it), the env's statistics, and whether it is the new best."""
+    parts = []
+    for g, mean in row["mean"].items():
+        random = f" (random {baseline['mean'][g]:.3f})" if baseline and g in baseline["mean"] else ""
+        parts.append(f"{g} {mean:.3f} ± {row['ci'][g]:.3f}{random}")
+    parts += [f"{k} {v:.3f} ± {row['env_ci'][k]:.3f}" for k, v in row.get("env", {}).items()]
+    best = ", new best (best.pt)" if new_best else ""
+    return f"eval at step {row['step']:,} over {row['episodes']} episodes: {'; '.join(parts)}{best}"

@@ -13,10 +13,9 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     """``benchmark.json``, ``learning_curve.png`` and a summary table on stdout; ``best_metric``
     says in words what the "best" evaluation was chosen on. The random policy's evaluation
     (``baseline``) stands beside the trained one in all three."""
-    evals, baseline = result.evaluations, result.baseline
-    best = max(evals, key=lambda r: r["score"]) if evals else None
+    evals, baseline, best = result.evaluations, result.baseline, result.best
     report = {"agent": cfg.agent, "env": cfg.env_name, "seed": cfg.seed, "steps": result.steps,
-              "best_metric": best_metric,
+              "best_metric": best_metric, "best_rule": BEST_RULE,
               "env_steps_per_s": result.metrics.get("perf/env_steps_per_s_overall"),
               "wall_time_s": result.metrics.get("perf/wall_time_s"),
               "best": best, "final": evals[-1] if evals else None, "baseline": baseline, "evaluations": evals,
@@ -25,26 +24,39 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png")
     print(f"\nbenchmark: {cfg.agent} on {Path(cfg.env_name).stem}, {result.steps} env steps, "
           f"{report['env_steps_per_s'] or 0:.0f} env-steps/s")
-    print(f"  {'eval return of group':<22}{'random':>12}{'final':>12}{'at best.pt':>12}")
+    print(f"  mean ± 95% interval over {evals[-1]['episodes'] if evals else 0} episodes per evaluation")
+    print(f"  {'eval return of group':<22}{'random':>18}{'final':>18}{'at best.pt':>18}")
     for g in (best["mean"] if best else {}):
-        random = f"{baseline['mean'][g]:>12.3f}" if baseline and g in baseline["mean"] else f"{'-':>12}"
-        print(f"  {g:<22}{random}{evals[-1]['mean'][g]:>12.3f}{best['mean'][g]:>12.3f}")
+        print(f"  {g:<22}{_cell(baseline, 'mean', 'ci', g)}{_cell(evals[-1], 'mean', 'ci', g)}"
+              f"{_cell(best, 'mean', 'ci', g)}")
     # the env's own numbers per episode (Doom's kills, a turn-based game's wins), where it counts any
     stats = evals[-1].get("env", {}) if evals else {}
     if stats:
-        print(f"  {'env statistic':<22}{'random':>12}{'final':>12}{'at best.pt':>12}")
-    for k, v in stats.items():
-        random = f"{baseline['env'][k]:>12.3f}" if baseline and k in baseline.get("env", {}) else f"{'-':>12}"
-        at_best = f"{best['env'][k]:>12.3f}" if best and k in best.get("env", {}) else f"{'-':>12}"
-        print(f"  {k:<22}{random}{v:>12.3f}{at_best}")
+        print(f"  {'env statistic':<22}{'random':>18}{'final':>18}{'at best.pt':>18}")
+    for k in stats:
+        print(f"  {k:<22}{_cell(baseline, 'env', 'env_ci', k)}{_cell(evals[-1], 'env', 'env_ci', k)}"
+              f"{_cell(best, 'env', 'env_ci', k)}")
     if best:
-        print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric)")
+        print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric); {BEST_RULE}")
     print(f"  report: {result.run_dir / 'benchmark.json'}")
 
 
+BEST_RULE = ("a later evaluation replaces it only when its score is higher by more than the 95% interval of "
+             "the difference (1.96 * sqrt(se_new^2 + se_best^2))")
+
+
+def _cell(row: dict | None, values: str, intervals: str, key: str) -> str:
+    """``mean ± ci`` of ``key`` in a report row, right-aligned, or ``-`` where the row lacks it."""
+    if not row or key not in row.get(values, {}):
+        return f"{'-':>18}"
+    ci = row.get(intervals, {}).get(key)
+    return f"{row[values][key]:>10.3f} ± {ci:<5.3f}" if ci is not None else f"{row[values][key]:>18.3f}"
+
+
 def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | None, path: Path) -> None:
-    """Each group's evaluation return (mean +- std) over env steps, the random policy's as a dashed
-    line in the same colour; a second panel with kills when the env counts them (Doom)."""
+    """Each group's evaluation return (mean, shaded over its 95% confidence interval) over env steps,
+    the random policy's as a dashed line in the same colour; a second panel with kills when the env
+    counts them (Doom)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -54,9 +66,9 @@ def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | Non
     steps = np.array([r["step"] for r in evals])
     for g in (evals[0]["mean"] if evals else {}):
         mean = np.array([r["mean"][g] for r in evals])
-        std = np.array([r["std"][g] for r in evals])
+        ci = np.array([r.get("ci", {}).get(g, 0.0) for r in evals])
         line, = ax.plot(steps, mean, label=g)
-        ax.fill_between(steps, mean - std, mean + std, alpha=0.2, color=line.get_color())
+        ax.fill_between(steps, mean - ci, mean + ci, alpha=0.2, color=line.get_color())
         if baseline and g in baseline["mean"]:
             ax.axhline(baseline["mean"][g], color=line.get_color(), linestyle="--", label=f"{g} (random)")
     ax.set_xlabel("env steps")
@@ -67,7 +79,10 @@ def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | Non
         ax.legend()
     if kills:
         ax = axes[0][1]
-        ax.plot(steps, [r["env"]["kills"] for r in evals], label=cfg.agent)
+        kills_mean = np.array([r["env"]["kills"] for r in evals])
+        kills_ci = np.array([r.get("env_ci", {}).get("kills", 0.0) for r in evals])
+        line, = ax.plot(steps, kills_mean, label=cfg.agent)
+        ax.fill_between(steps, kills_mean - kills_ci, kills_mean + kills_ci, alpha=0.2, color=line.get_color())
         if baseline and "kills" in baseline.get("env", {}):
             ax.axhline(baseline["env"]["kills"], color="gray", linestyle="--", label="random")
         ax.set_xlabel("env steps")

@@ -26,19 +26,14 @@ from marlkit.errors import ConfigError, RunInterrupted, TrainingDivergedError
 from marlkit.logger import Logger
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.collector import Collector
-from marlkit.runners.evaluation import (
-    EvaluationStopped,
-    Evaluator,
-    best_metric_description,
-    mean_stats,
-    random_policy,
-    run_episodes,
-)
+from marlkit.runners.evaluation import (EvaluationStopped, Evaluator, best_metric_description, evaluation_line,
+                                        mean_stats, random_policy, run_episodes)
 from marlkit.runners.group_agents import build_agents, check_groups, group_agent_names, load_group
 from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.run_dir import discard_run_dir, keep_traceback, new_run_dir
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
+from marlkit.runners.statistics import beats
 from marlkit.runners.train_state import TrainState
 from marlkit.runners.worker_acting import WorkerCollector
 
@@ -52,6 +47,7 @@ class RunResult:
     episode_returns: list[dict[str, float]] = field(default_factory=list)
     evaluations: list[dict] = field(default_factory=list)
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
+    best: dict | None = None        # the evaluation best.pt holds (statistics.beats chose it)
 
 
 class ProgressBar(tqdm):
@@ -140,6 +136,7 @@ class Runner:
                 try:
                     state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
                     self._open_run_dir()
+                    self.venv.log_to(self.run_dir)
                     self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
                     result = RunResult(self.run_dir, cfg.mode)
                     with stop.deferred():
@@ -307,7 +304,7 @@ class Runner:
             bar.close()
         result.steps = state.steps
         result.episode_returns = list(state.recent)
-        result.evaluations = state.evaluations
+        result.evaluations, result.best = state.evaluations, state.best
         elapsed = time.perf_counter() - start_t
         result.metrics["perf/env_steps_per_s_overall"] = (collected() - start_collected) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = before + elapsed
@@ -380,9 +377,11 @@ class Runner:
         state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
                          **{f"eval/env/{k}": v for k, v in stats.items()}}, state.steps)
-        if state.best is None or row["score"] > state.best["score"]:
+        new_best = state.best is None or beats(row, state.best)
+        if new_best:
             state.best = row
             self._checkpoint(self.run_dir / "best.pt", state, None, resumable=False)
+        tqdm.write(evaluation_line(row, state.baseline, new_best))
         state.next_eval = state.steps + rc.eval_interval
 
     def benchmark(self) -> RunResult:

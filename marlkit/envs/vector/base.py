@@ -101,6 +101,9 @@ class VectorEnv:
     def _load_env_states(self, blobs: list[bytes]) -> None:
         raise NotImplementedError
 
+    def log_to(self, run_dir) -> None:
+        """Where a backend with messages of its own (Ray's) writes them: the run's directory."""
+
     def close(self) -> None:
         raise NotImplementedError
 
