@@ -187,3 +187,16 @@ def test_print_config_round_trips(tmp_path):
     again = cli("--agent", "QMIX", "--env", "lbf_8x8_2p_2f_coop", "--config", str(saved), "--print-config")
     assert again.returncode == 0, again.stderr
     assert yaml.safe_load(again.stdout) == printed
+
+
+def test_progress_without_a_terminal_is_a_line_per_log_interval(tmp_path):
+    """Captured output is no terminal: no bar redrawn with carriage returns, but one line per log
+    interval, with the one rate marlkit measures."""
+    out = cli("--set", f"runner.run_root={tmp_path}", "runner.total_steps=300", "runner.progress=true",
+              "runner.log_interval=100", "runner.parallels=2", "runner.horizon=25", "runner.vectorize=sync")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("MAPPO@mpe_spread: ")]
+    # the first update logs, then every log_interval from there, and the last
+    assert [line.split(": ")[1].split(" steps")[0] for line in lines] == ["50/300", "150/300", "250/300", "300/300"]
+    assert all("env-steps/s " in line and "return/agents " in line for line in lines)
+    assert "\r" not in out.stderr and "step/s" not in out.stderr

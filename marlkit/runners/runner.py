@@ -9,6 +9,7 @@ import json
 import math
 import pickle
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -53,9 +54,28 @@ class RunResult:
 class ProgressBar(tqdm):
     """tqdm without its monitor thread, which would outlive the run: env workers are forked only
     in a process with no other thread (``runner.start_method: auto``), so a second run in the same
-    process would spawn them."""
+    process would spawn them. One rate is shown, marlkit's own (``env-steps/s``: env steps of every
+    env per wall second since the last log line), not tqdm's smoothed one beside it; where stderr is
+    no terminal the bar is not drawn and ``line`` prints a line per log interval instead."""
 
     monitor_interval = 0
+    FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+    def __init__(self, total: int, initial: int, desc: str, show: bool, **kwargs):
+        self.drawn = show and sys.stderr.isatty()
+        self.lines = show and not self.drawn
+        self.label, self.steps_total = desc, total
+        super().__init__(total=total, initial=initial, desc=desc, disable=not self.drawn, bar_format=self.FORMAT,
+                         **kwargs)
+
+    def show(self, steps: int, figures: dict) -> None:
+        """The log line's figures at ``steps``: beside the bar, or as a line of their own."""
+        if self.drawn:
+            self.set_postfix(figures, refresh=False)
+        elif self.lines:
+            done = f"{steps:,}/{self.steps_total:,} steps ({100 * steps / max(self.steps_total, 1):.0f}%)"
+            print(f"{self.label}: {done}, " + ", ".join(f"{k} {v}" for k, v in figures.items()),
+                  file=sys.stderr, flush=True)
 
 
 class Runner:
@@ -252,8 +272,8 @@ class Runner:
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
         learner = Learner(self.agents, learners, background=overlap)
-        bar = ProgressBar(total=total, initial=state.steps, unit="step", disable=not rc.progress,
-                          dynamic_ncols=True, desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
+        bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
+                          desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         clock = {"t": time.perf_counter(), "steps": state.steps}   # of the last log line
         # env steps this process stepped: an overlapped run also holds the rollout past its last update
         collected = lambda: state.steps + (per_update if state.pending else 0)   # noqa: E731
@@ -358,12 +378,12 @@ class Runner:
             metrics["env/worker_restarts"] = self.venv.restarts
         self.logger.log(metrics, state.steps)
         state.next_log = state.steps + self.cfg.runner.log_interval
-        shown = {"sps": f"{metrics['perf/env_steps_per_s']:.0f}"}
+        shown = {"env-steps/s": f"{metrics['perf/env_steps_per_s']:.0f}"}
         if self.venv.restarts:
             shown["restarts"] = self.venv.restarts
         if state.recent:
             shown.update({f"return/{g}": f"{metrics[f'{g}/episode_return']:.2f}" for g in self.agents})
-        bar.set_postfix(shown, refresh=False)
+        bar.show(state.steps, shown)
 
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
