@@ -64,8 +64,26 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     assert test.returncode == 0, test.stderr
     [trun] = only_run_dir(root, "IPPO", "_test")
     summary = json.loads((trun / "test.json").read_text())["groups"]["agents"]
-    assert summary["episodes"] == 4 and summary["mean"] < 0
-    assert f"{summary['mean']:.3f} ± {summary['std']:.3f}" in test.stdout
+    assert summary["episodes"] == 4 and summary["mean"] < 0 and summary["ci95"] > 0
+    assert f"{summary['mean']:.3f} ± {summary['ci95']:.3f}" in test.stdout
+
+
+def test_the_random_policy_is_tested_without_a_checkpoint_with_the_envs_statistics(tmp_path, env_yaml):
+    """``--test --agent random`` needs no checkpoint; the env's own statistics (here its episode
+    number and a sum of actions) come with their intervals, in test.json and on the console."""
+    root = tmp_path / "runs"
+    path = env_yaml("toy_envs:stats", {"length": 5})
+    out = cli("--agent", "random", "--env", path, "--test", "--set", f"runner.run_root={root}",
+              "runner.test_episodes=6", *TINY)
+    assert out.returncode == 0, out.stderr
+    [trun] = (root / "toy" / "random").glob("*_test")
+    report = json.loads((trun / "test.json").read_text())
+    assert report["checkpoint"] is None and report["agent"] == "random"
+    assert report["groups"]["agents"]["episodes"] == 6
+    assert set(report["env"]) == {"episode", "agent_0_actions"} and report["env"]["episode"]["episodes"] == 6
+    assert "test of the random policy over 6 episodes" in out.stdout
+    stat = report["env"]["agent_0_actions"]
+    assert f"{stat['mean']:.3f} ± {stat['ci95']:.3f}" in out.stdout
 
 
 def test_render_writes_a_video(tmp_path):
@@ -107,7 +125,7 @@ def test_list_shows_agents_and_envs():
     (["--set", "agents.MAPPO.lr=fast"], "agents.MAPPO.lr: expected a number, got 'fast'"),
     (["--set", "runner.horizon"], "expected KEY=VALUE"),
     (["--test", "--load", "missing.pt"], "--load 'missing.pt': no such checkpoint file"),
-    (["--test"], "--test needs a checkpoint"),
+    (["--test"], "--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt (or --agent random"),
     (["--resume", "nowhere"], "--resume 'nowhere': no config.yaml there"),
     (["--config", "missing.yaml"], "config file 'missing.yaml' does not exist"),
 ])

@@ -34,7 +34,8 @@ from marlkit.runners.learner import Learner
 from marlkit.runners.report import write_benchmark_report, write_video
 from marlkit.runners.run_dir import discard_run_dir, keep_traceback, new_run_dir
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
-from marlkit.runners.statistics import beats
+from marlkit.registry import get_agent
+from marlkit.runners.statistics import beats, mean_ci
 from marlkit.runners.train_state import TrainState
 from marlkit.runners.worker_acting import WorkerCollector
 
@@ -98,8 +99,9 @@ class Runner:
             raise ConfigError(f"device: {cfg.device!r} is not a torch device; use cpu, cuda or cuda:N") from None
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
-        if cfg.mode == "test" and not cfg.load:
-            raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt")
+        if cfg.mode == "test" and not cfg.load and any(get_agent(name).learns for name in self._agent_names()):
+            raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt "
+                              "(or --agent random, which needs none)")
         if cfg.load and not cfg.resume:   # a resumed run takes every group's weights from its latest.pt
             if not Path(cfg.load).is_file():
                 raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
@@ -113,6 +115,10 @@ class Runner:
         # wall seconds of training so far, this process's and those before a resume (to the checkpoint
         # it resumed from): what a resumed run reports as its wall time, as if it had not stopped
         self._wall_time: Callable[[], float] | None = None
+
+    def _agent_names(self) -> set[str]:
+        """Every agent the config names: the run's and the groups' own."""
+        return {self.cfg.agent, *(g.agent for g in self.cfg.groups.values() if g.agent)}
 
     @staticmethod
     def _seed_everything(seed: int) -> None:
@@ -440,16 +446,26 @@ class Runner:
                 if not finished:
                     self._discard_run_dir()
         result = RunResult(self.run_dir, "test")
-        summary = {}
+        summary, env = {}, {}
         for g in self.agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
-            summary[g] = {"mean": float(values.mean()), "std": float(values.std()), "episodes": len(values)}
-            result.metrics[f"{g}/return_mean"] = summary[g]["mean"]
+            mean, ci, _ = mean_ci(values)
+            summary[g] = {"mean": mean, "ci95": ci, "std": float(values.std()), "episodes": len(values)}
+            result.metrics[f"{g}/return_mean"] = mean
+        for k in dict.fromkeys(k for ep in episodes for k in ep["stats"]):
+            values = [ep["stats"][k] for ep in episodes if k in ep["stats"]]
+            mean, ci, _ = mean_ci(values)
+            env[k] = {"mean": mean, "ci95": ci, "episodes": len(values)}
         result.episode_returns = [ep["return"] for ep in episodes]
-        (self.run_dir / "test.json").write_text(json.dumps({"checkpoint": str(cfg.load), "groups": summary}, indent=2))
-        print(f"test of {cfg.load} over {len(episodes)} episode{'' if len(episodes) == 1 else 's'}:")
+        tested = str(cfg.load) if cfg.load else f"the {cfg.agent} policy"
+        (self.run_dir / "test.json").write_text(json.dumps({"checkpoint": cfg.load, "agent": cfg.agent,
+                                                            "groups": summary, "env": env}, indent=2))
+        print(f"test of {tested} over {len(episodes)} episode{'' if len(episodes) == 1 else 's'} "
+              "(mean ± 95% interval):")
         for g, s in summary.items():
-            print(f"  {g:<16} return {s['mean']:9.3f} ± {s['std']:.3f}")
+            print(f"  {g:<16} return {s['mean']:9.3f} ± {s['ci95']:.3f}")
+        for k, s in env.items():
+            print(f"  {k:<16} {s['mean']:16.3f} ± {s['ci95']:.3f}")
         if render:
             videos = [write_video(self.run_dir / f"episode_{k + 1}", [f for f in shots if f is not None], fps)
                       for k, shots in sorted(frames.items())]
