@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,15 +96,30 @@ def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | Non
 
 
 def write_video(stem: Path, frames: list, fps: int) -> Path | None:
-    """``stem.mp4``, or ``stem.gif`` where no ffmpeg plugin is installed."""
+    """``stem.mp4`` (H.264 through imageio's ffmpeg plugin, ``imageio-ffmpeg``, installed with
+    marlkit), or ``stem.gif`` with one line saying why where that plugin is missing. Frames are
+    padded to even sides, which H.264's 4:2:0 colour needs (imageio would otherwise resize them,
+    with a warning)."""
     if not frames:
         return None
     import imageio.v2 as imageio
     try:
-        path = stem.with_suffix(".mp4")
-        imageio.mimsave(path, frames, fps=fps)
-    except Exception:  # no ffmpeg plugin: a gif needs nothing extra
-        path.unlink(missing_ok=True)
+        import imageio_ffmpeg  # noqa: F401  (imageio's MP4 writer)
+    except ImportError:
         path = stem.with_suffix(".gif")
         imageio.mimsave(path, frames, duration=1000 / fps, loop=0)
+        print(f"marlkit: {path.name} is a GIF, not an MP4: the MP4 writer, imageio-ffmpeg, is not installed "
+              "(pip install imageio-ffmpeg)", file=sys.stderr)
+        return path
+    path = stem.with_suffix(".mp4")
+    imageio.mimsave(path, [_even(np.asarray(f)) for f in frames], fps=fps, codec="libx264", macro_block_size=1,
+                    output_params=["-pix_fmt", "yuv420p"], ffmpeg_log_level="error")
     return path
+
+
+def _even(frame: np.ndarray) -> np.ndarray:
+    """``frame`` ``[H, W, ...]`` with its last row or column repeated where that side is odd."""
+    odd = (frame.shape[0] % 2, frame.shape[1] % 2)
+    if not any(odd):
+        return frame
+    return np.pad(frame, [(0, odd[0]), (0, odd[1])] + [(0, 0)] * (frame.ndim - 2), mode="edge")
