@@ -289,10 +289,12 @@ def build(cls, data: dict | None, prefix: str = ""):
         value = _coerce(value, hints[key], path)
         meta = by_name[key].metadata
         if value is not None and isinstance(value, (int, float)):
-            if meta.get("min") is not None and value < meta["min"]:
-                raise ConfigError(f"{path}: {value!r} is below the minimum {meta['min']}")
-            if meta.get("max") is not None and value > meta["max"]:
-                raise ConfigError(f"{path}: {value!r} is above the maximum {meta['max']}")
+            lo, hi = meta.get("min"), meta.get("max")
+            span = f" (allowed: {lo} to {hi})" if lo is not None and hi is not None else ""
+            if lo is not None and value < lo:
+                raise ConfigError(f"{path}: {value!r} is below the minimum {lo}{span}")
+            if hi is not None and value > hi:
+                raise ConfigError(f"{path}: {value!r} is above the maximum {hi}{span}")
         kwargs[key] = value
     return cls(**kwargs)
 

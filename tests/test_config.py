@@ -59,7 +59,7 @@ def test_unknown_env_lists_valid_names():
     ("env.facotry", "x:y", "did you mean 'factory'"),
     ("runner.parallels", "many", "runner.parallels: expected an integer, got 'many'"),
     ("runner.parallels", 0, "runner.parallels: 0 is below the minimum 1"),
-    ("agents.MAPPO.gamma", 1.5, "agents.MAPPO.gamma: 1.5 is above the maximum 1.0"),
+    ("agents.MAPPO.gamma", 1.5, "agents.MAPPO.gamma: 1.5 is above the maximum 1.0 (allowed: 0.0 to 1.0)"),
     ("runner.vectorize", "threads", "runner.vectorize: 'threads' is not allowed; choose one of 'sync', 'subprocess', 'auto'"),
     ("agents.MAPPO.value_norm", "maybe", "expected true or false"),
     ("agents.MAPPO.actor.hidden_sizes", 64, "expected a list"),
@@ -169,3 +169,11 @@ def test_per_agent_settings_hold_only_for_their_agent(tmp_path):
     path.write_text(yaml.safe_dump({"base": "mpe_spread", "per_agent": {"MTA": {"runner": {"parallels": 64}}}}))
     with pytest.raises(ConfigError, match=r"mine.yaml: per_agent.MTA: unknown agent 'MTA' \(did you mean 'MAT'"):
         build_config("MAPPO", str(path))
+
+
+@pytest.mark.parametrize("players", [1, 9])
+def test_a_doom_coop_match_refuses_a_player_count_its_network_game_cannot_take(players):
+    """A co-op match is a host and players joining it: one player is no co-op, and ZDoom's network
+    game takes 8 at most; refused before any engine starts, naming the range."""
+    with pytest.raises(ConfigError, match=rf"env.players: {players} is (below|above) the .* \(allowed: 2 to 8\)"):
+        build_config("MAPPO", "doom_coop", **{"env.players": players})

@@ -19,7 +19,8 @@ class DoomConfig(EnvConfig):
     scenario: str = "deathmatch.cfg"          # a .cfg shipped with vizdoom, or a path to your own
     doom_map: Optional[str] = None            # e.g. map02; None keeps the scenario's
     skill: Optional[int] = field(default=None, metadata=_range(1, 5))
-    players: int = field(default=2, metadata=_range(1, 8))
+    # a co-op match: a host and at least one player joining it; ZDoom's network game takes up to 8
+    players: int = field(default=2, metadata=_range(2, 8))
     resolution: str = "RES_160X120"           # a vizdoom.ScreenResolution name
     grayscale: bool = True
     frame_skip: int = field(default=4, metadata=_range(1))    # tics per step, played 2 per barrier
