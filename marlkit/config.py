@@ -60,11 +60,6 @@ class EnvConfig:
     exact_resume: bool = False
 
 
-def on_cpu(device: str) -> bool:
-    """Whether a ``device`` setting (``cpu``, ``cuda:1``, ...) names the CPU."""
-    return str(device).split(":")[0] == "cpu"
-
-
 @dataclass
 class RunnerConfig:
     parallels: int = field(default=16, metadata=_range(1))
@@ -102,9 +97,9 @@ class RunnerConfig:
     # collect the next rollout while the update runs (policy lag 1); null: on where the envs step
     # in worker processes (vectorize subprocess or ray, or auto with two envs or more)
     overlap: Optional[bool] = None
-    # the env worker processes act on their own envs and send whole rollouts (no round trip per
-    # step; the same results); null: on where they are processes of this machine (vectorize
-    # subprocess, or auto with two envs or more) and the agents compute on the CPU
+    # the env worker processes act on their own envs, on the CPU, and send whole rollouts (no round
+    # trip per step; the same draws and actions); null: on where they are processes of this machine
+    # (vectorize subprocess, or auto with two envs or more), whatever device the update runs on
     act_in_workers: Optional[bool] = None
     # envs per acting pass: null acts on all the envs of the runner (or of a worker) in one pass,
     # the fastest; a number k acts on blocks of k consecutive envs (env k * i onwards), and env
@@ -125,19 +120,14 @@ class RunnerConfig:
         """Whether the training envs step in worker processes of this machine."""
         return self.envs_in_workers() and self.vectorize != "ray"
 
-    def acts_in_workers(self, device: str) -> bool:
-        """Whether the env workers act on their own envs (``act_in_workers``, null resolved) when the
-        agents compute on ``device``."""
+    def acts_in_workers(self) -> bool:
+        """Whether the env workers act on their own envs (``act_in_workers``, null resolved); they act
+        on the CPU whatever device the update runs on."""
         if self.act_in_workers is None:
-            return self.envs_in_processes() and on_cpu(device)
+            return self.envs_in_processes()
         return self.act_in_workers
 
     def check(self, device: str) -> None:
-        if self.act_in_workers and not on_cpu(device):
-            raise ConfigError(
-                f"runner.act_in_workers: true puts a copy of the agents in every env worker, but with device: "
-                f"{device} each worker would set that device up for itself (a forked one cannot set CUDA up at "
-                "all); set runner.act_in_workers: false (the default off the CPU), or device: cpu")
         if self.act_in_workers and not self.envs_in_processes():
             raise ConfigError(
                 f"runner.act_in_workers: true needs env worker processes of this machine, but runner.vectorize: "

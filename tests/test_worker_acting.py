@@ -143,23 +143,29 @@ def test_acting_in_workers_without_worker_processes_is_refused_naming_the_fix(ti
         marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "sync",
                                                          "runner.act_in_workers": True})
     from marlkit.config import RunnerConfig
-    assert RunnerConfig(vectorize="subprocess").acts_in_workers("cpu")
-    assert RunnerConfig(vectorize="auto", parallels=4).acts_in_workers("cpu")
-    assert not RunnerConfig(vectorize="auto", parallels=1).acts_in_workers("cpu")
-    assert not RunnerConfig(vectorize="ray").acts_in_workers("cpu")
-    assert not RunnerConfig(vectorize="subprocess", act_in_workers=False).acts_in_workers("cpu")
-    # off the CPU the runner acts: a copy of the agents per worker would set the device up per worker
-    assert not RunnerConfig(vectorize="subprocess").acts_in_workers("cuda:0")
+    assert RunnerConfig(vectorize="subprocess").acts_in_workers()
+    assert RunnerConfig(vectorize="auto", parallels=4).acts_in_workers()
+    assert not RunnerConfig(vectorize="auto", parallels=1).acts_in_workers()
+    assert not RunnerConfig(vectorize="ray").acts_in_workers()
+    assert not RunnerConfig(vectorize="subprocess", act_in_workers=False).acts_in_workers()
 
 
-def test_acting_in_workers_off_the_cpu_is_refused_at_config_time_naming_the_fix():
-    """Checked where the config is read, so a machine without a GPU checks it too."""
+def test_the_workers_act_on_the_cpu_whatever_device_the_update_runs_on():
+    """The snapshot an env worker gets is on the CPU, with the agent's weights, so a run whose update
+    runs on a GPU acts in its CPU workers (the GPU half runs in tests/test_device.py where there is one)."""
     from marlkit.api import build_config
-    with pytest.raises(ConfigError, match=r"runner.act_in_workers: true puts a copy of the agents in every env "
-                                          r"worker, but with device: cuda .*set runner.act_in_workers: false "
-                                          r"\(the default off the CPU\), or device: cpu"):
-        build_config("MAPPO", "mpe_spread", device="cuda", **{"runner.act_in_workers": True})
-    assert build_config("MAPPO", "mpe_spread", device="cuda").runner.act_in_workers is None
+    from marlkit.envs.pettingzoo import PettingZooEnv
+    from mpe2 import simple_spread_v3
+    cfg = build_config("MAPPO", "mpe_spread", device="cuda")
+    assert cfg.runner.acts_in_workers()
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    agent = __import__("marlkit.registry", fromlist=["get_agent"]).get_agent("MAPPO")(
+        env.groups["agents"], env.spec, build_config("MAPPO", "mpe_spread").agents["MAPPO"])
+    twin = agent.snapshot(2, 3, device="cpu")
+    assert twin.device.type == "cpu" and twin.streams.first_env == 2 and len(twin.streams.counters) == 3
+    assert all(p.device.type == "cpu" and not p.requires_grad for p in twin.modules.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(agent.modules.parameters(), twin.modules.parameters()))
+    assert twin.optimizer is None and twin.rng is None   # never learns
 
 
 START_METHOD = """

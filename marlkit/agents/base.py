@@ -180,17 +180,20 @@ class Agent:
     # what an acting copy leaves out: the learner's optimiser and generators
     learner_only = ("optimizer", "generator", "rng")
 
-    def snapshot(self, first_env: int = 0, num_envs: int | None = None) -> "Agent":
+    def snapshot(self, first_env: int = 0, num_envs: int | None = None, device: str | None = None) -> "Agent":
         """A copy of this agent that acts on the envs ``first_env ..`` (all of them: None) and never
-        learns: the same settings and weights (``modules``, if it has any), those envs' streams
-        where they stand, none of ``learner_only``. The collector acts with one (so the agent may
-        update while it collects, ``runner.overlap``), and env workers with one for their block each
-        (pickled to them)."""
+        learns: the same settings and weights (``modules``, if it has any), on ``device`` (None: the
+        agent's), those envs' streams where they stand, none of ``learner_only``. The collector acts
+        with one (so the agent may update while it collects, ``runner.overlap``), and env workers
+        with one for their block each (pickled to them; on the CPU, whatever device the update runs
+        on)."""
         twin = copy.deepcopy(self, {id(getattr(self, name)): None for name in self.learner_only if hasattr(self, name)})
         twin.streams = self.streams.block(first_env, num_envs) if num_envs is not None else \
             copy.deepcopy(self.streams)
+        if device is not None:
+            twin.device = torch.device(device)
         if self.modules is not None:
-            twin.modules.requires_grad_(False)
+            twin.modules.requires_grad_(False).to(twin.device)
         return twin
 
     def policy_state(self):

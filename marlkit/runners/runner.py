@@ -274,7 +274,7 @@ class Runner:
         total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
         overlap = rc.overlapped()
-        collecting = WorkerCollector if rc.acts_in_workers(cfg.device) else Collector
+        collecting = WorkerCollector if rc.acts_in_workers() else Collector
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
         learner = Learner(self.agents, learners, background=overlap)

@@ -70,7 +70,7 @@ class WorkerCollector(Collector):
     def _install(self) -> None:
         """Snapshots to the workers, made now: after a resume has restored the policies' streams."""
         self.venv.install_jobs([
-            ActingJob({g: p.snapshot(first, count) for g, p in self.policies.items()},
+            ActingJob({g: p.snapshot(first, count, device="cpu") for g, p in self.policies.items()},
                       {g: self.storages[g].new_rollout(count) for g in self.learners}, self.horizon, first,
                       self.act_batch)
             for first, count in self.venv.blocks])
