@@ -2,6 +2,7 @@
 trained one."""
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -115,3 +116,27 @@ def test_benchmark_rows_carry_intervals_and_best_follows_the_rule(tiny):
         assert 0 < r["ci"]["agents"] and r["score_ci"] == pytest.approx(r["ci"]["agents"])
     assert run.best == best_by_the_rule(rows)
     assert torch.load(run.run_dir / "best.pt", weights_only=False)["steps"] == run.best["step"]
+
+
+def test_teams_that_play_each_other_are_chosen_on_their_returns_against_the_random_policy(tiny, env_yaml, capsys):
+    """A zero-sum duel where both teams learn: their returns against each other sum to 0 whatever they
+    learn, so best.pt would be chosen on noise (it kept the untrained step-0 policy in a two-team
+    Unity scene); each team is evaluated against the random policy playing the other too, and best.pt
+    is chosen on those returns."""
+    path = env_yaml("toy_envs:duel", {"length": 6}, env={"groups": {"red": ["red_*"], "blue": ["blue_*"]}})
+    run = marlkit.run(agent="MAPPO", env=path, mode="benchmark", seed=1, **{
+        **tiny, "runner.total_steps": 1200, "runner.eval_interval": 400, "runner.eval_episodes": 8,
+        "runner.horizon": 12, "agents.MAPPO.lr": 3e-3})
+    rows = run.evaluations
+    for row in rows:
+        assert row["mean"]["red"] + row["mean"]["blue"] == pytest.approx(0.0, abs=1e-6)   # zero-sum
+        assert set(row["vs_random"]) == {"red", "blue"}
+        assert row["score"] == pytest.approx(np.mean([row["vs_random"][g]["mean"] for g in ("red", "blue")]))
+    assert rows[-1]["score"] > rows[0]["score"] + 1.0          # both learned to play 1 against random play
+    assert run.best["step"] > 0 and run.best["score"] >= rows[0]["score"] + 1.0
+    out = capsys.readouterr().out
+    assert "vs the random policy" in out and "red vs random " in out
+    report = json.loads((run.run_dir / "benchmark.json").read_text())
+    assert report["best_metric"] == ("mean return of the learning groups against the random policy playing the "
+                                     "other groups")
+    assert report["final"]["vs_random"]["red"]["mean"] > 1.0

@@ -426,9 +426,12 @@ def test_best_checkpoint_is_chosen_on_the_configured_group(tiny, env_yaml, best_
                          "runner.best_metric": best_metric})
     evals = run.evaluations
     report = __import__("json").loads((run.run_dir / "benchmark.json").read_text())
-    assert all(row["score"] == row["mean"][best_metric] for row in evals)   # one group: its mean return
+    # both groups learn: the named one's return against the random policy playing the other
+    assert all(set(row["vs_random"]) == {"predator", "prey"} for row in evals)
+    assert all(row["score"] == row["vs_random"][best_metric]["mean"] for row in evals)
     assert report["best"]["step"] == best_by_the_rule(evals)["step"]
-    assert report["best_metric"] == f"return of group {best_metric!r}"
+    assert report["best_metric"] == (f"return of group {best_metric!r} against the random policy playing the "
+                                     "other groups")
 
 
 def test_help_and_list_do_not_import_torch():

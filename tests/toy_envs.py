@@ -433,3 +433,39 @@ class SignalEnv(ParallelEnv):
 
 def signal(**kwargs):
     return SignalEnv(**kwargs)
+
+
+class DuelEnv(ParallelEnv):
+    """A zero-sum game of two teams of one agent, ``red_0`` and ``blue_0`` (Discrete(2) each): every
+    step red is paid ``a_red - a_blue`` and blue the opposite, so both learn to play 1, their returns
+    against each other sum to 0 whatever they learn, and each earns up to ``length / 2`` per episode
+    against a random opponent."""
+
+    metadata = {"name": "duel_v0"}
+
+    def __init__(self, length=6):
+        self.possible_agents = ["red_0", "blue_0"]
+        self.length = length
+
+    def observation_space(self, agent):
+        return spaces.Box(0, 1, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, list(self.possible_agents)
+        return {a: np.array([self.t / self.length, 1.0], np.float32) for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        red = float(actions["red_0"] - actions["blue_0"])
+        self.t += 1
+        done = self.t >= self.length
+        obs = {a: np.array([self.t / self.length, 1.0], np.float32) for a in self.agents}
+        self.agents = [] if done else self.agents
+        return (obs, {"red_0": red, "blue_0": -red}, {a: False for a in obs}, {a: done for a in obs},
+                {a: {} for a in obs})
+
+
+def duel(**kwargs):
+    return DuelEnv(**kwargs)

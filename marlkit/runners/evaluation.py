@@ -10,7 +10,7 @@ from marlkit.config import RunConfig
 from marlkit.errors import EnvAPIError
 from marlkit.registry import get_agent
 from marlkit.runners.collector import act, advance_hidden
-from marlkit.runners.statistics import mean_ci
+from marlkit.runners.statistics import Z95, mean_ci
 
 
 class EvaluationStopped(Exception):
@@ -69,16 +69,22 @@ def random_policy(spec) -> dict[str, Agent]:
     return {g: cls(gs, spec, cls.config_cls()) for g, gs in spec.groups.items()}
 
 
-def best_metric_description(cfg: RunConfig) -> str:
+def best_metric_description(cfg: RunConfig, learning: list[str]) -> str:
     best = cfg.runner.best_metric
-    return f"return of group {best!r}" if best else "mean return of the learning groups"
+    against = " against the random policy playing the other groups" if len(learning) > 1 else ""
+    return (f"return of group {best!r}" if best else "mean return of the learning groups") + against
 
 
 class Evaluator:
     """The evaluation protocol of a run: ``runner.eval_episodes`` episodes on the evaluation envs,
     from the same env seed every time, each agent drawing from generators of its own (so training
     draws the same numbers whether and however often it is evaluated); ``learning`` names the
-    groups whose returns choose best.pt when ``runner.best_metric`` names none."""
+    groups that learn.
+
+    Where two groups or more learn (teams that play each other), their returns against each other
+    say little of progress (in a zero-sum game they sum to about 0 whatever happens), so each
+    learning group is also evaluated against the random policy playing every other group
+    (``vs_random``), and best.pt is chosen on those returns against that fixed opponent."""
 
     def __init__(self, cfg: RunConfig, learning: list[str]):
         self.cfg, self.learning = cfg, learning
@@ -89,17 +95,22 @@ class Evaluator:
             return [self.cfg.runner.best_metric]
         return [g for g in self.learning if g in groups] or list(groups)
 
-    def row(self, eval_venv, agents: dict[str, Agent], stop=None) -> dict:
-        """-> per group the mean, std and 95% confidence interval (``ci``: the half-width) of its
-        return over the episodes ``agents`` play; the env's episode statistics (``env``, with
-        ``env_ci``); the ``score`` best.pt is chosen on, per episode the mean return of the scored
-        groups, with ``score_ci`` and ``score_se``; and the number of ``episodes``."""
+    def _play(self, eval_venv, agents: dict[str, Agent], stop) -> list[dict]:
         rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
                 own.enter_context(agent.own_generators(seed * 1000 + i))
-            episodes = run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic,
-                                    seed=seed, step_limit=rc.episode_step_limit, stop=stop)
+            return run_episodes(eval_venv, agents, rc.eval_episodes, explore=not rc.eval_deterministic, seed=seed,
+                                step_limit=rc.episode_step_limit, stop=stop)
+
+    def row(self, eval_venv, agents: dict[str, Agent], stop=None, opponents: dict[str, Agent] | None = None) -> dict:
+        """-> per group the mean, std and 95% confidence interval (``ci``: the half-width) of its
+        return over the episodes ``agents`` play; the env's episode statistics (``env``, with
+        ``env_ci``); the number of ``episodes``; with ``opponents`` (the random policy of every
+        group) and two learning groups or more, ``vs_random``: each learning group's return against
+        ``opponents`` playing the others; and the ``score`` best.pt is chosen on, with ``score_ci``
+        and ``score_se``: the scored groups' mean return (against the opponents where there are)."""
+        episodes = self._play(eval_venv, agents, stop)
         row = {"mean": {}, "std": {}, "ci": {}, "episodes": len(episodes)}
         for g in agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
@@ -112,9 +123,21 @@ class Evaluator:
             for k in names:
                 row["env"][k], row["env_ci"][k], _ = mean_ci([ep[k] for ep in stats if k in ep])
         scored = self.scored_groups(agents)
-        per_episode = [np.mean([ep["return"][g] for g in scored if g in ep["return"]]) for ep in episodes
-                       if any(g in ep["return"] for g in scored)]
-        row["score"], row["score_ci"], row["score_se"] = mean_ci(per_episode)
+        if opponents is not None and len(self.learning) > 1:
+            row["vs_random"] = {}
+            for g in self.learning:
+                mixed = {h: agents[h] if h == g else opponents[h] for h in agents}
+                played = [ep["return"][g] for ep in self._play(eval_venv, mixed, stop) if g in ep["return"]]
+                mean, ci, se = mean_ci(played)
+                row["vs_random"][g] = {"mean": mean, "ci": ci, "se": se}
+            parts = [row["vs_random"][g] for g in scored]
+            row["score"] = float(np.mean([p["mean"] for p in parts]))
+            row["score_se"] = float(np.sqrt(sum(p["se"] ** 2 for p in parts))) / len(parts)
+            row["score_ci"] = Z95 * row["score_se"]
+        else:
+            per_episode = [np.mean([ep["return"][g] for g in scored if g in ep["return"]]) for ep in episodes
+                           if any(g in ep["return"] for g in scored)]
+            row["score"], row["score_ci"], row["score_se"] = mean_ci(per_episode)
         return row
 
 
@@ -126,5 +149,6 @@ def evaluation_line(row: dict, baseline: dict | None, new_best: bool) -> str:
         random = f" (random {baseline['mean'][g]:.3f})" if baseline and g in baseline["mean"] else ""
         parts.append(f"{g} {mean:.3f} ± {row['ci'][g]:.3f}{random}")
     parts += [f"{k} {v:.3f} ± {row['env_ci'][k]:.3f}" for k, v in row.get("env", {}).items()]
+    parts += [f"{g} vs random {v['mean']:.3f} ± {v['ci']:.3f}" for g, v in row.get("vs_random", {}).items()]
     best = ", new best (best.pt)" if new_best else ""
     return f"eval at step {row['step']:,} over {row['episodes']} episodes: {'; '.join(parts)}{best}"

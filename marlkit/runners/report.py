@@ -37,6 +37,15 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     for k in stats:
         print(f"  {k:<22}{_cell(baseline, 'env', 'env_ci', k)}{_cell(evals[-1], 'env', 'env_ci', k)}"
               f"{_cell(best, 'env', 'env_ci', k)}")
+    # teams that learn against each other: each against the random policy playing the others
+    vs_random = evals[-1].get("vs_random", {}) if evals else {}
+    if vs_random:
+        print(f"  {'vs the random policy':<22}{'':>18}{'final':>18}{'at best.pt':>18}")
+    for g in vs_random:
+        final = {"m": {g: vs_random[g]["mean"]}, "c": {g: vs_random[g]["ci"]}}
+        at_best = {"m": {g: best["vs_random"][g]["mean"]}, "c": {g: best["vs_random"][g]["ci"]}} \
+            if best and g in best.get("vs_random", {}) else None
+        print(f"  {g:<22}{'':>18}{_cell(final, 'm', 'c', g)}{_cell(at_best, 'm', 'c', g)}")
     if best:
         print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric); {BEST_RULE}")
     print(f"  report: {result.run_dir / 'benchmark.json'}")

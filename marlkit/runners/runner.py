@@ -393,12 +393,14 @@ class Runner:
 
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
-        evaluator = Evaluator(self.cfg, [g for g in self.agents if self._learning(g)])
+        learning = [g for g in self.agents if self._learning(g)]
+        evaluator = Evaluator(self.cfg, learning)
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
         result.baseline = state.baseline
-        row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop)}
+        opponents = random_policy(eval_venv.spec) if len(learning) > 1 else None   # teams that play each other
+        row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})
         state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
@@ -412,7 +414,8 @@ class Runner:
 
     def benchmark(self) -> RunResult:
         result = self.train(evaluate=True)
-        write_benchmark_report(self.cfg, result, best_metric=best_metric_description(self.cfg))
+        learning = [g for g in self.agents if self._learning(g)]
+        write_benchmark_report(self.cfg, result, best_metric=best_metric_description(self.cfg, learning))
         return result
 
     # ------------------------------------------------------------------ test
