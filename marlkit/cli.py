@@ -5,6 +5,7 @@
     marlkit --test --load runs/.../best.pt                   evaluate a checkpoint (its run's agent and env)
     marlkit --list                                           registered agents and envs
     marlkit --agent QMIX --env lbf_8x8_2p_2f_coop --print-config    the resolved config, every key
+    marlkit study study.yaml                                 agents x envs x seeds, one report (marlkit study -h)
 """
 import argparse
 import gc
@@ -84,9 +85,13 @@ def list_everything() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:
+        from marlkit.study.command import main as study
+        return study(argv[1:])
     parser = ArgumentParser(CLIArgs, prog="marlkit", description="Multi-agent RL: train, test, benchmark.",
                             epilog=__doc__.split("\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    args = parser.parse_args(_gather_repeated(list(sys.argv[1:] if argv is None else argv)))
+    args = parser.parse_args(_gather_repeated(argv))
     for module in args.imports:
         try:
             importlib.import_module(module)

@@ -1,0 +1,357 @@
+"""Running a study's runs: which are finished, to resume or to start; how many at once the machine
+holds; each in a ``marlkit`` process of its own (or a Ray task that starts one), with one line per
+finished run, an overall bar, and a stop that lets every run save."""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from marlkit.errors import ConfigError
+from marlkit.memory import GB, available_bytes
+from marlkit.study.spec import PlannedRun, StudySpec
+
+# what a run's process holds beside its agents' estimate (the interpreter, torch, the envs and their
+# worker processes): about 0.4 GB resident for mpe_spread's runs, with room to spare
+PROCESS_BYTES = GB // 2
+INTERRUPTED = 130
+
+
+def read_benchmark(run_dir: Path) -> dict | None:
+    """A run's benchmark.json, or None where there is none or it was cut off while being written."""
+    try:
+        return json.loads((run_dir / "benchmark.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def latest_steps(run_dir: Path) -> int:
+    latest = run_dir / "latest.pt"
+    if not latest.is_file():
+        return 0
+    from marlkit.runners.checkpoint import read_steps
+    return read_steps(latest)
+
+
+def run_state(run: PlannedRun) -> str:
+    """``done`` (a complete benchmark.json), ``resume`` (a latest.pt to go on from) or ``start``."""
+    report = read_benchmark(run.run_dir)
+    if report and report.get("final") and report.get("steps", 0) >= run.cfg.runner.total_steps:
+        return "done"
+    return "resume" if (run.run_dir / "latest.pt").is_file() else "start"
+
+
+# ---------------------------------------------------------------------- how many at once
+
+
+def run_cpus(run: PlannedRun) -> int:
+    """Cores a run keeps busy as configured: one per env worker process of this machine, else one
+    (a run whose envs are Ray actors reserves theirs through the actors)."""
+    rc = run.cfg.runner
+    return (rc.workers or 1) if rc.envs_in_processes() else 1
+
+
+@dataclass
+class Sizing:
+    """``jobs`` runs at once, each given ``cores`` cores for its env workers and torch's threads;
+    ``cores`` None (Ray): each run keeps the workers it is configured with (one where that is
+    null), and its task reserves as many CPUs."""
+
+    jobs: int
+    cores: int | None = None
+
+    def cpus(self, run: PlannedRun) -> int:
+        return self.cores or run_cpus(run)
+
+    def execution(self, run: PlannedRun) -> dict:
+        """Settings of the run's process so that jobs x workers stays within the cores."""
+        rc, cpus = run.cfg.runner, self.cpus(run)
+        runner = {"torch_threads": min(rc.torch_threads or cpus, cpus)}
+        if rc.envs_in_processes():
+            runner["workers"] = cpus
+        return {"runner": runner}
+
+
+def size_jobs(runs: list[PlannedRun], requested: int | None, cores: int | None = None,
+              available: int | None = None) -> Sizing:
+    """Runs at once: ``requested``, or as many as there are cores and memory for (each run's agents'
+    estimate plus PROCESS_BYTES, within 90% of the memory available), never more than runs; a
+    request beyond either is refused."""
+    cores = cores or os.cpu_count() or 1
+    available = available_bytes() if available is None else available
+    need = max((r.memory or 0) for r in runs) + PROCESS_BYTES if runs else PROCESS_BYTES
+    by_memory = max(1, int(0.9 * available // need)) if available else math.inf
+    if requested is not None:
+        if requested > cores:
+            raise ConfigError(f"--jobs {requested}: this machine has {cores} cores and each run needs one of its "
+                              f"own for its envs and update; use --jobs {cores} or fewer (or backend: ray on a "
+                              "cluster)")
+        if requested > by_memory:
+            raise ConfigError(f"--jobs {requested}: each run needs about {need / GB:.1f} GB and "
+                              f"{available / GB:.1f} GB of memory is available, room for {by_memory}; use --jobs "
+                              f"{by_memory}, or make the runs smaller (runner.parallels, runner.horizon)")
+        jobs = requested
+    else:
+        jobs = int(max(1, min(len(runs) or 1, cores, by_memory)))
+    return Sizing(jobs, max(1, cores // jobs))
+
+
+# ---------------------------------------------------------------------- where the processes run
+
+
+def _job_command(run: PlannedRun, request: dict) -> list[str]:
+    return [sys.executable, "-m", "marlkit.study.job", str(run.run_dir), json.dumps(request)]
+
+
+def _exit_code(code: int) -> int:
+    """A process that died of SIGINT or SIGTERM before marlkit's handlers were set was interrupted
+    all the same."""
+    return INTERRUPTED if code in (-signal.SIGINT, -signal.SIGTERM) else code
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM (stop and save, as marlkit runs do) when the study process
+    dies, so that a study killed outright leaves no run training unseen."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
+class LocalJobs:
+    """Runs as processes of this machine, each in a session of its own: a terminal's Ctrl+C reaches
+    the study alone, which passes exactly one SIGINT to each run (a second one would stop a run
+    without saving)."""
+
+    def __init__(self):
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.signalled: dict[str, int] = {}
+
+    def start(self, run: PlannedRun, request: dict, log: Path, cpus: int) -> None:
+        with log.open("ab") as out:
+            self.procs[run.key] = subprocess.Popen(_job_command(run, request), stdout=out, stderr=subprocess.STDOUT,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                                   preexec_fn=_die_with_parent)
+
+    def running(self) -> int:
+        return len(self.procs)
+
+    def finished(self, timeout: float) -> list[tuple[str, int]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            done = [(key, p.returncode) for key, p in self.procs.items() if p.poll() is not None]
+            if done or not self.procs or time.monotonic() >= deadline:
+                for key, _ in done:
+                    del self.procs[key]
+                return [(key, _exit_code(code)) for key, code in done]
+            time.sleep(0.1)
+
+    def interrupt(self, times: int) -> None:
+        """Each running process has had ``times`` SIGINTs (the first: stop and save; the second: stop
+        at once), however many of them reached it before."""
+        for key, proc in list(self.procs.items()):
+            while proc.poll() is None and self.signalled.get(key, 0) < times:
+                proc.send_signal(signal.SIGINT)
+                self.signalled[key] = self.signalled.get(key, 0) + 1
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.wait()
+
+
+def _ray_job(command: list[str], log: str, environ: dict) -> int:
+    """A Ray task: the run's process on the node the task landed on; a cancelled task passes the
+    stop to the run, which saves, and waits for it."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **environ}, start_new_session=True)
+        try:
+            return _exit_code(proc.wait())
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            return _exit_code(proc.wait())
+
+
+class RayJobs:
+    """Runs as Ray tasks that reserve the CPUs each run uses, so that Ray places them on nodes with
+    room; a run with ``runner.vectorize: ray`` finds the same cluster through RAY_ADDRESS. The run
+    directories must be on a filesystem every node shares."""
+
+    def __init__(self, address: str | None):
+        from marlkit.envs.ray_vector import connect
+        self.connected, self.reaper, self.log = connect(address)
+        import ray
+        self.ray = ray
+        self.task = ray.remote(_ray_job)
+        self.refs: dict[str, object] = {}
+        self.cancelled: set[str] = set()
+        self.environ = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+                        "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+
+    def cpus(self) -> int:
+        return int(self.ray.cluster_resources().get("CPU", 1))
+
+    def start(self, run: PlannedRun, request: dict, log: Path, cpus: int) -> None:
+        self.refs[run.key] = self.task.options(num_cpus=cpus, max_retries=0).remote(
+            _job_command(run, request), str(log.resolve()), self.environ)
+
+    def running(self) -> int:
+        return len(self.refs)
+
+    def finished(self, timeout: float) -> list[tuple[str, int]]:
+        if not self.refs:
+            return []
+        ready, _ = self.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=timeout)
+        out = []
+        for key, ref in list(self.refs.items()):
+            if ref in ready:
+                del self.refs[key]
+                try:
+                    out.append((key, self.ray.get(ref)))
+                except self.ray.exceptions.TaskCancelledError:
+                    out.append((key, INTERRUPTED))
+                except self.ray.exceptions.RayError:
+                    out.append((key, 1))
+        return out
+
+    def interrupt(self, times: int) -> None:
+        """Cancel each task once: its run is asked to stop and save."""
+        for key, ref in list(self.refs.items()):
+            if key not in self.cancelled:
+                self.ray.cancel(ref, force=False)
+                self.cancelled.add(key)
+
+    def close(self) -> None:
+        if self.connected:
+            self.ray.shutdown()
+        if self.log is not None:
+            self.log.close()
+
+
+# ---------------------------------------------------------------------- the study
+
+
+class StudyBar(tqdm):
+    """tqdm without its monitor thread: runs start through ``preexec_fn``, which is safe only in a
+    process with no other thread."""
+
+    monitor_interval = 0
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+        f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
+
+
+class StopSignals:
+    """Ctrl+C or SIGTERM: no further run starts, and each running one is asked once to stop and save
+    (again on a second signal: they stop at once)."""
+
+    def __init__(self, pool):
+        self.pool, self.count, self.previous = pool, 0, {}
+
+    def __enter__(self):
+        def handler(signum, frame):
+            self.count += 1
+            self.pool.interrupt(self.count)
+
+        self.previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+def run_study(spec: StudySpec, runs: list[PlannedRun], pool, sizing: Sizing) -> int:
+    """Every run not finished, ``sizing.jobs`` at once -> marlkit's exit code for the study: 0 all
+    finished, 1 some failed, 130 interrupted."""
+    logs = spec.root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    ledger = spec.root / "jobs.jsonl"
+    states = {run.key: run_state(run) for run in runs}
+    queue = [run for run in runs if states[run.key] != "done"]
+    done = len(runs) - len(queue)
+    resume = sum(states[r.key] == "resume" for r in queue)
+    workers = f", {sizing.cores} core{'s' if sizing.cores > 1 else ''} each" if sizing.cores else ""
+    print(f"study {spec.name}: {len(runs)} runs ({done} finished, {resume} to resume, {len(queue) - resume} to "
+          f"start), {sizing.jobs} at once{workers}; {spec.root}", flush=True)
+    bar = StudyBar(total=len(runs), initial=done, unit="run", desc=f"study {spec.name}", dynamic_ncols=True,
+                   disable=not sys.stderr.isatty())
+    by_key = {run.key: run for run in runs}
+    started: dict[str, tuple[float, int, str]] = {}
+    failed = 0
+
+    def say(text: str) -> None:
+        tqdm.write(text, file=sys.stdout)
+        sys.stdout.flush()
+
+    with StopSignals(pool) as stop:
+        try:
+            while (queue and not stop) or pool.running():
+                while queue and not stop and pool.running() < sizing.jobs:
+                    run = queue.pop(0)
+                    state, steps = run_state(run), latest_steps(run.run_dir)
+                    request = {"agent": run.agent, "env": run.env, "seed": run.seed, "overrides": spec.set,
+                               "execution": sizing.execution(run)}
+                    log = logs / f"{run.key.replace('/', '.')}.log"
+                    pool.start(run, request, log, sizing.cpus(run))
+                    started[run.key] = (time.monotonic(), steps, state)
+                    if stop:   # the signal came while it started: it is asked to stop as the others were
+                        pool.interrupt(stop.count)
+                    if state == "resume":
+                        say(f"resume {run.label} from step {steps:,} ({run.run_dir})")
+                for key, code in pool.finished(timeout=0.5):
+                    run = by_key[key]
+                    t0, from_step, action = started.pop(key)
+                    wall = time.monotonic() - t0
+                    to_step = latest_steps(run.run_dir)
+                    with ledger.open("a") as fh:
+                        fh.write(json.dumps({"run": key, "action": action, "from_step": from_step, "to_step": to_step,
+                                             "exit": code, "wall_s": round(wall, 2)}) + "\n")
+                    log = logs / f"{key.replace('/', '.')}.log"
+                    if code == 0 and run_state(run) == "done":
+                        final = read_benchmark(run.run_dir)["final"]
+                        done += 1
+                        bar.update(1)
+                        say(f"done   {run.label}: final return {final['score']:.3f} ± {final.get('score_ci', 0):.3f}, "
+                            f"{_duration(wall)}  [{done}/{len(runs)}]")
+                    elif code == INTERRUPTED and to_step:
+                        say(f"saved  {run.label} at step {to_step:,} of {run.cfg.runner.total_steps:,}")
+                    elif code == INTERRUPTED:
+                        say(f"stopped {run.label} before its first checkpoint (it starts anew next time)")
+                    else:
+                        failed += 1
+                        say(f"failed {run.label} (exit {code}): {_last_line(log)}; log: {log}")
+        finally:
+            pool.close()
+            bar.close()
+    if stop:
+        print(f"study {spec.name} interrupted: {done} of {len(runs)} runs finished, {len(runs) - done} left; run the same "
+              "command again to continue (finished runs are skipped, interrupted ones resumed)", file=sys.stderr)
+        return INTERRUPTED
+    if failed:
+        print(f"study {spec.name}: {failed} run{'s' if failed > 1 else ''} failed (logs in {logs}); fix the cause "
+              "and run the same command again to continue", file=sys.stderr)
+        return 1
+    return 0
+
