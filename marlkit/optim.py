@@ -12,9 +12,12 @@ either way.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
+
+from marlkit.errors import TrainingDivergedError
 
 DEFAULTS = {"betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0, "amsgrad": False, "maximize": False,
             "foreach": None, "capturable": False, "differentiable": False, "fused": True,
@@ -98,3 +101,23 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
     torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
     return total
+
+
+def gradient_step(optimizer: Adam, params: list[torch.Tensor], loss: torch.Tensor, metrics: dict,
+                  max_grad_norm: float | None, who: str) -> None:
+    """One step of ``optimizer`` down ``loss``, the gradients of ``params`` clipped to ``max_grad_norm``
+    (None: not) and their norm added to ``metrics``. A loss or a gradient norm that is not finite
+    stops training with :class:`TrainingDivergedError` naming ``who`` (the group and its agent) and
+    the loss's terms (``metrics``), before any weight is touched."""
+    if not torch.isfinite(loss):
+        terms = ", ".join(f"{k}={float(v):.4g}" for k, v in metrics.items())
+        raise TrainingDivergedError(f"{who}: the loss became {loss.item()} ({terms}); lower the learning rate or "
+                                    "check the env's rewards/observations for NaN or inf")
+    optimizer.zero_grad()
+    loss.backward()
+    if max_grad_norm is not None:
+        norm = clip_grad_norm(params, max_grad_norm)
+        if not math.isfinite(float(norm)):
+            raise TrainingDivergedError(f"{who}: the gradient norm became {float(norm)}")
+        metrics["grad_norm"] = norm
+    optimizer.step()

@@ -260,8 +260,8 @@ def test_test_mode_plays_the_greedy_policy(tmp_path, env_yaml):
 
 
 def test_continuous_actions_are_refused_before_any_env_starts(tiny):
-    with pytest.raises(ConfigError, match=r"agents.QMIX: QMIX learns one Q-value per action and needs Discrete "
-                                          r"actions, but group 'agents' has Box"):
+    with pytest.raises(ConfigError, match=r"agents.QMIX: QMIX needs Discrete actions \(it learns one value per "
+                                          r"action\), but group 'agents' has Box"):
         marlkit.run(agent="QMIX", env="mpe_spread", **{**tiny, "env.kwargs.continuous_actions": True})
 
 

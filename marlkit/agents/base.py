@@ -26,10 +26,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gymnasium import spaces
 from torch import nn
 
 from marlkit.config import to_plain
-from marlkit.errors import CheckpointMismatchError
+from marlkit.errors import CheckpointMismatchError, ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import EnvStreams
 from marlkit.spec import EnvSpec, GroupSpec
@@ -253,3 +254,17 @@ def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:
             f"the checkpoint of group {group.name!r} was trained on a different env: "
             + "; ".join(f"{k} was {theirs.get(k)!r}, now {ours[k]!r}" for k in diff)
             + "; use the env settings it was trained with (config.yaml beside the checkpoint)")
+
+
+def require_discrete(agent: str, group: GroupSpec) -> None:
+    """Refuse a group whose actions are not Discrete, for an agent that learns one value per action
+    (COMA's critic, a Q-network), naming the fix: a MultiDiscrete space can be flattened into one
+    Discrete over the joint choices (with its mask), or the group run by an agent that takes it."""
+    space = group.action_space
+    if isinstance(space, spaces.Discrete):
+        return
+    flatten = "set env.flatten_actions: true (one Discrete over the joint choices, masked), or " \
+        if isinstance(space, spaces.MultiDiscrete) else ""
+    raise ConfigError(
+        f"agents.{agent}: {agent} needs Discrete actions (it learns one value per action), but group {group.name!r} "
+        f"has {space}; {flatten}run that group with MAPPO or IPPO (groups: {{{group.name}: {{agent: MAPPO}}}})")

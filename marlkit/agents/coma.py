@@ -22,9 +22,9 @@ from typing import Optional
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from torch import nn
 
+from marlkit.agents.base import require_discrete
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.agents.shared_actor import SharedActor
 from marlkit.errors import ConfigError
@@ -95,16 +95,7 @@ class COMA(OnPolicyAgent):
 
     @classmethod
     def check_group(cls, group) -> None:
-        space = group.action_space
-        if isinstance(space, spaces.Discrete):
-            return
-        # one Discrete over the joint choices has one Q-value per joint action
-        flatten = "set env.flatten_actions: true (one Discrete over the joint choices, masked), or " \
-            if isinstance(space, spaces.MultiDiscrete) else ""
-        raise ConfigError(
-            f"agents.{cls.registered_name}: COMA needs Discrete actions (one Q-value per action), but group "
-            f"{group.name!r} has {space}; {flatten}run that group with MAPPO or IPPO "
-            f"(groups: {{{group.name}: {{agent: MAPPO}}}})")
+        require_discrete(cls.registered_name, group)
 
     @classmethod
     def check_config(cls, cfg: COMAConfig, runner, key: str) -> None:

@@ -9,7 +9,6 @@ Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -22,11 +21,11 @@ from torch import nn
 from marlkit.agents.base import ActOut, Agent, Progress, Schedule
 from marlkit.agents.losses import masked_mean, ppo_policy_loss, value_loss
 from marlkit.config import ModelConfig, _range
-from marlkit.errors import ConfigError, TrainingDivergedError
+from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
-from marlkit.optim import Adam, clip_grad_norm
+from marlkit.optim import Adam, gradient_step
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
@@ -421,20 +420,8 @@ class OnPolicyAgent(Agent):
             if stop():
                 break
             loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
-            if not torch.isfinite(loss):
-                raise TrainingDivergedError(
-                    f"group {self.group.name!r} ({self.registered_name}): the loss became {loss.item()} "
-                    f"({', '.join(f'{k}={v.item():.4g}' for k, v in metrics.items())}); lower the learning "
-                    "rate or check the env's rewards/observations for NaN or inf")
-            self.optimizer.zero_grad()
-            loss.backward()
-            if cfg.max_grad_norm is not None:
-                norm = clip_grad_norm(self._clipped, cfg.max_grad_norm)
-                if not math.isfinite(float(norm)):
-                    raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): "
-                                                f"the gradient norm became {float(norm)}")
-                metrics["grad_norm"] = norm
-            self.optimizer.step()
+            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
+                          f"group {self.group.name!r} ({self.registered_name})")
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
             count += 1

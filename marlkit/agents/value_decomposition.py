@@ -25,17 +25,16 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
-from gymnasium import spaces
 from torch import nn
 
-from marlkit.agents.base import ActOut, Agent, Progress, Schedule
+from marlkit.agents.base import require_discrete, ActOut, Agent, Progress, Schedule
 from marlkit.agents.on_policy import known_model
 from marlkit.agents.shared_actor import SharedActor
 from marlkit.config import ModelConfig, _range
-from marlkit.errors import ConfigError, TrainingDivergedError
+from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import RunningMeanStd
-from marlkit.optim import Adam, clip_grad_norm
+from marlkit.optim import Adam, gradient_step
 from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 
 
@@ -93,14 +92,7 @@ class ValueDecompositionAgent(Agent):
 
     @classmethod
     def check_group(cls, group) -> None:
-        if isinstance(group.action_space, spaces.Discrete):
-            return
-        flatten = "set env.flatten_actions: true (one Discrete over the joint choices, masked), or " \
-            if isinstance(group.action_space, spaces.MultiDiscrete) else ""
-        raise ConfigError(
-            f"agents.{cls.registered_name}: {cls.registered_name} learns one Q-value per action and needs Discrete "
-            f"actions, but group {group.name!r} has {group.action_space}; {flatten}run that group with MAPPO or "
-            f"IPPO (groups: {{{group.name}: {{agent: MAPPO}}}})")
+        require_discrete(cls.registered_name, group)
 
     @classmethod
     def check_config(cls, cfg: ValueDecompositionConfig, runner, key: str) -> None:
@@ -205,19 +197,8 @@ class ValueDecompositionAgent(Agent):
             drawn = replay.sample(cfg.batch_size, self.rng)
             sample = {k: torch.from_numpy(v).to(self.device) for k, v in drawn.items()}
             loss, metrics = self.loss(sample)
-            if not torch.isfinite(loss):
-                raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): the TD loss became "
-                                            f"{loss.item()}; lower the learning rate or check the env's rewards and "
-                                            "observations for NaN or inf")
-            self.optimizer.zero_grad()
-            loss.backward()
-            if cfg.max_grad_norm is not None:
-                norm = clip_grad_norm(self._clipped, cfg.max_grad_norm)
-                if not math.isfinite(float(norm)):
-                    raise TrainingDivergedError(f"group {self.group.name!r} ({self.registered_name}): the gradient "
-                                                f"norm became {float(norm)}")
-                metrics["grad_norm"] = norm
-            self.optimizer.step()
+            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
+                          f"group {self.group.name!r} ({self.registered_name})")
             self.gradient_steps += 1
             if self.gradient_steps % cfg.target_update_interval == 0:
                 for name in [k for k in self.modules if "target_" + k in self.modules]:

@@ -26,19 +26,28 @@ class Collected:
 
 
 class Storage:
-    """A group's storage, made by its agent (``Agent.make_storage``) and held by the collector."""
+    """A group's storage, made by its agent (``Agent.make_storage``) and held by the collector. It
+    lends the collector rollouts of ``layout`` (``stores_state``: with the global state;
+    ``hidden_shape``: with each agent's hidden state per step), two in turn with ``layout.double``."""
 
-    layout: StorageLayout
+    def __init__(self, layout: StorageLayout, stores_state: bool, hidden_shape: tuple | None = None):
+        self.layout = layout
+        first = Rollout.of(layout, stores_state, hidden_shape)
+        self._rollouts = [first, first.for_envs(layout.num_envs)] if layout.double else [first]
+        self._turn = 0
 
     def next_rollout(self) -> Rollout:
         """An empty rollout for the next collect (with ``layout.double``, not the one handed over
         last, which may still be trained on)."""
-        raise NotImplementedError
+        rollout = self._rollouts[self._turn]
+        self._turn = (self._turn + 1) % len(self._rollouts)
+        rollout.reset()
+        return rollout
 
     def new_rollout(self, num_envs: int) -> Rollout:
         """An empty rollout of this layout for ``num_envs`` envs: an env worker's block, filled there
         and joined into ``next_rollout()`` here."""
-        raise NotImplementedError
+        return self._rollouts[0].for_envs(num_envs)
 
     def finish(self, collected: Collected) -> Any:
         """The batch ``Agent.update`` learns from, made of a finished collect. Called at a rollout

@@ -7,7 +7,6 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from marlkit.spec import action_layout
 from marlkit.storage.base import Collected, Storage
 from marlkit.storage.layout import Bootstrap, StorageLayout
 from marlkit.storage.rollout import Rollout
@@ -35,25 +34,8 @@ class RolloutStorage(Storage):
     next (``RolloutBatch.episode_start`` at t=0)."""
 
     def __init__(self, layout: StorageLayout, stores_state: bool, hidden_shape: tuple | None = None):
-        self.layout = layout
-        group = layout.group
-        action_shape, action_dtype = action_layout(group.action_space)
-        first = Rollout(layout.horizon, layout.num_envs, group.n_agents, group.obs_shape,
-                        group.observation_space.dtype or np.float32,
-                        layout.env.state_shape if stores_state else None, action_shape, action_dtype,
-                        group.n_actions, hidden_shape, layout.env.state_dtype)
-        self._rollouts = [first, first.for_envs(layout.num_envs)] if layout.double else [first]
-        self._turn = 0
-        self._episode_start = np.ones((layout.num_envs, group.n_agents), bool)
-
-    def next_rollout(self) -> Rollout:
-        rollout = self._rollouts[self._turn]
-        self._turn = (self._turn + 1) % len(self._rollouts)
-        rollout.reset()
-        return rollout
-
-    def new_rollout(self, num_envs: int) -> Rollout:
-        return self._rollouts[0].for_envs(num_envs)
+        super().__init__(layout, stores_state, hidden_shape)
+        self._episode_start = np.ones((layout.num_envs, layout.group.n_agents), bool)
 
     def finish(self, collected: Collected) -> RolloutBatch:
         rollout = collected.rollout

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from marlkit.spec import action_layout
 from marlkit.storage.base import Collected, Storage
 from marlkit.storage.layout import StorageLayout
 from marlkit.storage.rollout import Rollout
@@ -43,33 +42,17 @@ class EpisodeReplay(Storage):
     global state (a mixer conditioned on it reads it)."""
 
     def __init__(self, layout: StorageLayout, capacity: int, stores_state: bool):
-        self.layout, self.capacity, self.stores_state = layout, capacity, stores_state
-        group, E = layout.group, layout.num_envs
-        action_shape, action_dtype = action_layout(group.action_space)
-        first = Rollout(layout.horizon, E, group.n_agents, group.obs_shape,
-                        group.observation_space.dtype or np.float32,
-                        layout.env.state_shape if stores_state else None, action_shape, action_dtype,
-                        group.n_actions, None, layout.env.state_dtype)
-        self._rollouts = [first, first.for_envs(E)] if layout.double else [first]
-        self._turn = 0
+        super().__init__(layout, stores_state)
+        self.capacity, self.stores_state = capacity, stores_state
         self.limit = layout.env.episode_limit or layout.horizon
         self.ring: dict[str, np.ndarray] | None = None     # allocated with the first episode
         self.lengths = np.zeros(capacity, np.int64)
         self.size = 0          # episodes held
         self.next_slot = 0
         self.episodes = 0      # episodes ever added
-        self.partial: list[dict[str, list]] = [self._empty_partial() for _ in range(E)]
+        self.partial: list[dict[str, list]] = [self._empty_partial() for _ in range(layout.num_envs)]
 
     # ------------------------------------------------------------------ collection
-
-    def next_rollout(self) -> Rollout:
-        rollout = self._rollouts[self._turn]
-        self._turn = (self._turn + 1) % len(self._rollouts)
-        rollout.reset()
-        return rollout
-
-    def new_rollout(self, num_envs: int) -> Rollout:
-        return self._rollouts[0].for_envs(num_envs)
 
     @staticmethod
     def _empty_partial() -> dict[str, list]:

@@ -5,6 +5,7 @@ import copy
 
 import numpy as np
 
+from marlkit.spec import action_layout
 from marlkit.storage.layout import Transition
 
 
@@ -40,6 +41,16 @@ class Rollout:
         self.finals: list[tuple] = []
         self.has_values = False
         self.step = 0
+
+    @classmethod
+    def of(cls, layout, stores_state: bool, hidden_shape: tuple | None = None) -> "Rollout":
+        """An empty rollout of a ``StorageLayout``: its group's spaces, ``layout.num_envs`` envs and
+        ``layout.horizon`` steps, with the global state where ``stores_state``."""
+        group = layout.group
+        action_shape, action_dtype = action_layout(group.action_space)
+        return cls(layout.horizon, layout.num_envs, group.n_agents, group.obs_shape,
+                   group.observation_space.dtype or np.float32, layout.env.state_shape if stores_state else None,
+                   action_shape, action_dtype, group.n_actions, hidden_shape, layout.env.state_dtype)
 
     def for_envs(self, num_envs: int) -> "Rollout":
         """An empty rollout of this one's layout for ``num_envs`` envs (an env worker's share of them,
