@@ -99,6 +99,8 @@ def test_epsilon_falls_with_the_env_steps_and_evaluation_is_greedy():
         q, _ = agent.q_values("", torch.from_numpy(obs.obs["agents"]).unsqueeze(0), None, None, None)
     greedy = q[0].argmax(-1).numpy()
     assert np.array_equal(agent.act(*args, explore=False).actions, greedy)
+    # outside training (evaluation, --test: no progress given) it is greedy even where it samples
+    assert agent.epsilon(None) == 0.0 and np.array_equal(agent.act(*args, True, None).actions, greedy)
     early = agent.act(*args, True, Progress(0, 10)).actions
     late = agent.act(*args, True, Progress(5000, 10)).actions
     assert (early == greedy).mean() < 0.6 < 0.9 < (late == greedy).mean()

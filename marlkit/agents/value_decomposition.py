@@ -151,10 +151,10 @@ class ValueDecompositionAgent(Agent):
 
     def epsilon(self, progress: Progress | None) -> float:
         """Falls linearly from ``epsilon_start`` to ``epsilon_finish`` over ``epsilon_anneal_steps``
-        env steps; ``epsilon_finish`` outside training."""
+        env steps; 0 outside training (``progress`` None: evaluation and ``--test`` play greedily)."""
         cfg = self.cfg
         if progress is None:
-            return cfg.epsilon_finish
+            return 0.0
         done = min(progress.steps / cfg.epsilon_anneal_steps, 1.0) if cfg.epsilon_anneal_steps else 1.0
         return cfg.epsilon_start + done * (cfg.epsilon_finish - cfg.epsilon_start)
 
@@ -169,7 +169,7 @@ class ValueDecompositionAgent(Agent):
         allowed = action_mask.astype(bool)
         greedy = np.where(allowed, q[0].cpu().numpy(), -np.inf).argmax(-1)
         actions = greedy
-        if explore:
+        if explore and progress is not None:
             E, A = agent_mask.shape
             coin = self.streams.uniform((E, A))
             scores = np.where(allowed, self.streams.uniform(allowed.shape), -1.0)
