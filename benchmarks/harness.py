@@ -32,7 +32,7 @@ def parser(doc: str | None, repeats: int | None = 3, results: bool = True, overr
     if overrides:
         p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="marlkit config overrides")
     if results:
-        p.add_argument("--tag", default="", help="write results/NAME_TAG.json instead of results/NAME.json")
+        p.add_argument("--tag", default="", help="write results/NAME_TAG.json (default: results/NAME_<date-time>.json)")
         p.add_argument("--out", type=Path, default=None, help="write the results to this file instead")
     return p
 
@@ -147,8 +147,11 @@ def value_at(curve: dict[int, float], step: int) -> float | None:
 
 
 def write_results(name: str, args: argparse.Namespace, payload: dict) -> Path:
-    """``results/NAME[_TAG].json`` (or ``--out``): the command line, the machine, then ``payload``."""
-    out = Path(args.out or RESULTS / f"{name}{'_' + args.tag if args.tag else ''}.json")
+    """``results/NAME_TAG.json``, or ``results/NAME_<date-time>.json`` without ``--tag`` (a run never
+    overwrites the figures the docs quote, which keep their own names), or ``--out``: the command
+    line, the machine, then ``payload``."""
+    tag = args.tag or time.strftime("%Y%m%d-%H%M%S")
+    out = Path(args.out or RESULTS / f"{name}_{tag}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     record = {"command": shlex.join(["python", *sys.argv]), "machine": machine(), **payload}
     out.write_text(json.dumps(record, indent=2))

@@ -25,7 +25,7 @@ on the env without PettingZoo's order and bounds checking wrappers, as marlkit s
 (``env.strip_checks``), to show how much of the ratio that accounts for. N is ``--steps`` rounded
 up to whole rollouts (marlkit trains whole rollouts); env-steps/s = N / wall.
 
-Writes benchmarks/results/throughput[_NAME].json.
+Writes benchmarks/results/throughput_TAG.json (--tag; by default the date and time, never a file the docs quote).
 """
 from __future__ import annotations
 
