@@ -223,7 +223,8 @@ class PettingZooEnv(MultiAgentEnv):
             state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
         # the env's own limit (MPE's, butterfly's and sisl's max_cycles), or the one marlkit imposes
-        limits = [n for n in (max_episode_steps, getattr(env.unwrapped, "max_cycles", None)) if isinstance(n, int)]
+        own = getattr(getattr(env, "unwrapped", env), "max_cycles", None)
+        limits = [n for n in (max_episode_steps, own) if isinstance(n, int)]
         self.spec = EnvSpec(self.groups, state_shape, render_fps=fps, state_dtype=state_dtype,
                             state_channels_last=False if self._stacked_state else None,
                             state_from_obs=not self._env_state, episode_limit=min(limits) if limits else None)
