@@ -643,7 +643,8 @@ def test_a_build_that_never_connects_is_killed_with_its_children(tmp_path):
     with pytest.raises(UnityEnvError, match="did not connect"):
         UnityEnv(UnityConfig(file_name=script, timeout_wait=2))
     got = launched(pids, 2)
-    assert [p for p in got if running(p)] == []
+    # killed with its group before the error is raised; on a loaded machine the kill may take a moment
+    assert gone_soon(got, timeout=2.0) == []
 
 
 def _script(tmp_path, body: str) -> Path:
