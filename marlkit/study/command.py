@@ -65,6 +65,9 @@ def main(argv: list[str]) -> int:
         for line in str(exc).splitlines():
             print(f"marlkit study: error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("marlkit study: interrupted before any run started", file=sys.stderr)
+        return 130
 
 
 def report(spec) -> int:
@@ -90,7 +93,7 @@ def run(spec) -> int:
     ray = spec.backend == "ray" or any(r.cfg.runner.vectorize == "ray" for r in runs)
     sizing = Sizing(spec.jobs or len(runs)) if ray else size_jobs(runs, spec.jobs)
     write_saved(spec.root, now)
-    pool = RayJobs(runs[0].cfg.runner.ray_address) if ray else LocalJobs()
+    pool = RayJobs(runs[0].cfg.runner.ray_address, spec.root) if ray else LocalJobs()
     code = run_study(spec, runs, pool, sizing)
     if code == 0:
         return report(spec)

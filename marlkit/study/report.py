@@ -48,8 +48,9 @@ def write_report(spec, records: list[RunRecord]) -> Path:
              "episodes. Intervals are 95% percentile bootstrap intervals over seeds (rliable's stratified "
              f"bootstrap, {stats.REPS:,} resamples); with few seeds they are narrow and optimistic. The IQM trims "
              "a quarter of the seeds from each end (with fewer than 4 seeds it is the mean). The best.pt return "
-             "is the evaluation each run kept as its best, chosen on those same evaluations, so it is biased "
-             "upwards; the final return is not.", ""]
+             "is that of the evaluation each run kept in best.pt (a later one replaces it only when it is better "
+             "by more than the noise), chosen on those same evaluations: unlike the final return it is not an "
+             "independent estimate.", ""]
     for env, t in table.items():
         lo, hi, source = norms[env]
         stat_names = list(dict.fromkeys(k for a in t["agents"].values() for k in a["env"]))
@@ -78,7 +79,8 @@ def write_report(spec, records: list[RunRecord]) -> Path:
                          + " |")
         lines.append("")
     else:
-        lines += ["No agent has finished every env on a common seed yet: nothing to aggregate.", ""]
+        lines += ["Nothing to aggregate: no agent has finished every env on a common seed yet, or no env's "
+                  "reference differs from its random policy's score.", ""]
     if better:
         agents = list(matrices)
         lines += ["Probability of improvement, P(row > column): the chance that a run of the row's agent scores "
@@ -99,7 +101,7 @@ def write_report(spec, records: list[RunRecord]) -> Path:
     if better:
         lines += ["![probability of improvement](probability_of_improvement.png)", ""]
     lines += ["## Runs", "",
-              "| env | agent | seed | env steps | final return (± 95% over episodes) | best.pt at step | wall time |",
+              "| env | agent | seed | env steps | final return (± 95% over episodes) | best.pt at step | training wall time |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for r in records:
         final, best = r.report["final"], r.report["best"]
@@ -208,7 +210,7 @@ def _plot_improvement(better: dict, agents: list[str], path: Path) -> None:
         image = ax.imshow(grid, cmap="RdBu", vmin=0, vmax=1)
         for (x, y), (p, lo, hi) in better.items():
             ax.text(agents.index(y), agents.index(x), f"{p:.2f}\n[{lo:.2f}, {hi:.2f}]", ha="center", va="center",
-                    fontsize="small")
+                    fontsize="small", color="white" if abs(p - 0.5) > 0.3 else "black")
         ax.set_xticks(range(n), agents)
         ax.set_yticks(range(n), agents)
         ax.set_xlabel("Y")

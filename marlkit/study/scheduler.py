@@ -20,8 +20,8 @@ from marlkit.errors import ConfigError
 from marlkit.memory import GB, available_bytes
 from marlkit.study.spec import PlannedRun, StudySpec
 
-# what a run's process holds beside its agents' estimate (the interpreter, torch, the envs and their
-# worker processes): about 0.4 GB resident for mpe_spread's runs, with room to spare
+# what a run holds beside its agents' estimate (the interpreter, torch, the envs): an mpe_spread run's
+# process is 0.29 GB resident, and a forked env worker 0.22 GB, most of it pages shared with the process
 PROCESS_BYTES = GB // 2
 INTERRUPTED = 130
 
@@ -118,9 +118,19 @@ def _exit_code(code: int) -> int:
     return INTERRUPTED if code in (-signal.SIGINT, -signal.SIGTERM) else code
 
 
+def _answer_sigint() -> None:
+    """In the child before exec: SIGINT and SIGTERM unblocked and SIGINT at its default, which Python
+    turns into Ctrl+C. A study started in the background by a shell ignores SIGINT, a Ray worker
+    blocks both, and both survive exec: the run would not hear the stop until its training began,
+    or never."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM (stop and save, as marlkit runs do) when the study process
     dies, so that a study killed outright leaves no run training unseen."""
+    _answer_sigint()
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
@@ -166,17 +176,24 @@ class LocalJobs:
             proc.wait()
 
 
-def _ray_job(command: list[str], log: str, environ: dict) -> int:
-    """A Ray task: the run's process on the node the task landed on; a cancelled task passes the
-    stop to the run, which saves, and waits for it."""
+def _ray_job(command: list[str], log: str, environ: dict, stop: str) -> int:
+    """A Ray task: the run's process on the node the task landed on. The study asks it to stop
+    through the file ``stop`` (the number of SIGINTs to pass on), on the filesystem the run
+    directories share, so that no task is cut short by Ray before its run has saved."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **environ}, start_new_session=True)
-        try:
-            return _exit_code(proc.wait())
-        except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
-            return _exit_code(proc.wait())
+                                env={**os.environ, **environ}, start_new_session=True, preexec_fn=_answer_sigint)
+        sent = 0
+        while proc.poll() is None:
+            try:
+                asked = int(Path(stop).read_text() or 0)
+            except (OSError, ValueError):
+                asked = 0
+            while sent < asked and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                sent += 1
+            time.sleep(0.2)
+        return _exit_code(proc.returncode)
 
 
 class RayJobs:
@@ -184,29 +201,29 @@ class RayJobs:
     room; a run with ``runner.vectorize: ray`` finds the same cluster through RAY_ADDRESS. The run
     directories must be on a filesystem every node shares."""
 
-    def __init__(self, address: str | None):
+    def __init__(self, address: str | None, root: Path):
         from marlkit.envs.ray_vector import connect
+        # the reaper ends a Ray started here with this process, however it ends: it must live as long
         self.connected, self.reaper, self.log = connect(address)
         import ray
         self.ray = ray
         self.task = ray.remote(_ray_job)
         self.refs: dict[str, object] = {}
-        self.cancelled: set[str] = set()
+        self.stop = (root / "stop").resolve()
+        self.stop.unlink(missing_ok=True)
         self.environ = {"RAY_ADDRESS": ray.get_runtime_context().gcs_address,
                         "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
 
-    def cpus(self) -> int:
-        return int(self.ray.cluster_resources().get("CPU", 1))
-
     def start(self, run: PlannedRun, request: dict, log: Path, cpus: int) -> None:
         self.refs[run.key] = self.task.options(num_cpus=cpus, max_retries=0).remote(
-            _job_command(run, request), str(log.resolve()), self.environ)
+            _job_command(run, request), str(log.resolve()), self.environ, str(self.stop))
 
     def running(self) -> int:
         return len(self.refs)
 
     def finished(self, timeout: float) -> list[tuple[str, int]]:
         if not self.refs:
+            time.sleep(timeout)
             return []
         ready, _ = self.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=timeout)
         out = []
@@ -215,20 +232,16 @@ class RayJobs:
                 del self.refs[key]
                 try:
                     out.append((key, self.ray.get(ref)))
-                except self.ray.exceptions.TaskCancelledError:
-                    out.append((key, INTERRUPTED))
                 except self.ray.exceptions.RayError:
                     out.append((key, 1))
         return out
 
     def interrupt(self, times: int) -> None:
-        """Cancel each task once: its run is asked to stop and save."""
-        for key, ref in list(self.refs.items()):
-            if key not in self.cancelled:
-                self.ray.cancel(ref, force=False)
-                self.cancelled.add(key)
+        """Every task passes ``times`` SIGINTs in all to its run (the first: stop and save)."""
+        self.stop.write_text(str(times))
 
     def close(self) -> None:
+        self.stop.unlink(missing_ok=True)
         if self.connected:
             self.ray.shutdown()
         if self.log is not None:
@@ -292,9 +305,10 @@ def run_study(spec: StudySpec, runs: list[PlannedRun], pool, sizing: Sizing) -> 
     queue = [run for run in runs if states[run.key] != "done"]
     done = len(runs) - len(queue)
     resume = sum(states[r.key] == "resume" for r in queue)
-    workers = f", {sizing.cores} core{'s' if sizing.cores > 1 else ''} each" if sizing.cores else ""
+    where = (f"{sizing.jobs} at once, {sizing.cores} core{'s' if sizing.cores > 1 else ''} each" if sizing.cores
+             else f"up to {sizing.jobs} at once as Ray tasks, each reserving its run's CPUs")
     print(f"study {spec.name}: {len(runs)} runs ({done} finished, {resume} to resume, {len(queue) - resume} to "
-          f"start), {sizing.jobs} at once{workers}; {spec.root}", flush=True)
+          f"start), {where}; {spec.root}", flush=True)
     bar = StudyBar(total=len(runs), initial=done, unit="run", desc=f"study {spec.name}", dynamic_ncols=True,
                    disable=not sys.stderr.isatty())
     by_key = {run.key: run for run in runs}
@@ -343,6 +357,8 @@ def run_study(spec: StudySpec, runs: list[PlannedRun], pool, sizing: Sizing) -> 
                         failed += 1
                         say(f"failed {run.label} (exit {code}): {_last_line(log)}; log: {log}")
         finally:
+            if pool.running():   # an error of the study's own: its runs save before it goes
+                pool.interrupt(max(stop.count, 1))
             pool.close()
             bar.close()
     if stop:

@@ -103,13 +103,17 @@ def parse_spec(data: dict, default_name: str | None = None) -> StudySpec:
         if data.get(key) is None:
             raise ConfigError(f"study: {key} is missing; give it in study.yaml or as --{key}")
     agents, envs, seeds = _names(data["agents"], "agents"), _names(data["envs"], "envs"), _seeds(data["seeds"])
+    stems = [Path(e).stem for e in envs]
+    twin = next((e for e, stem in zip(envs, stems) if stems.count(stem) > 1), None)
+    if twin:
+        raise ConfigError(f"envs: two envs are named {Path(twin).stem!r} (their runs would share a folder); rename "
+                          "one of the YAML files")
     name = data.get("name") or default_name or "_".join(["-".join(agents), "-".join(Path(e).stem for e in envs)])
     if not isinstance(name, str) or "/" in name or name.startswith("."):
         raise ConfigError(f"name: {name!r} is not a folder name; use letters, digits, '-' and '_'")
     reference = data.get("reference") or {}
     if not isinstance(reference, dict):
         raise ConfigError(f"reference: expected a mapping of env -> score, got {reference!r}")
-    stems = {Path(e).stem: e for e in envs}
     for env, score in reference.items():
         if str(env) not in stems and str(env) not in envs:
             raise ConfigError(f"reference: {env!r} is not an env of this study{closest(str(env), stems)}; "
@@ -177,10 +181,7 @@ def plan_runs(spec: StudySpec) -> list[PlannedRun]:
     from marlkit.registry import get_agent
 
     problems: list[str] = []
-    try:
-        import_modules(list(spec.set.get("imports") or []))
-    except ConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    import_modules(list(spec.set.get("imports") or []))
     agents = []
     for agent in spec.agents:
         try:

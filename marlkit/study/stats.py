@@ -79,7 +79,7 @@ def _percentiles(values: np.ndarray, size: float = 0.95) -> tuple[np.ndarray, np
     return lo, hi
 
 
-def stratified_bootstrap(scores: np.ndarray, func, reps: int = REPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stratified_bootstrap(scores: np.ndarray, func, reps: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """rliable's ``StratifiedBootstrap`` percentile interval, vectorised: ``scores`` ``[runs, tasks,
     ...]``, resampled runs within each task (and each trailing index); ``func`` maps a batch ``[R,
     runs, tasks, ...]`` to ``[R, k]``. The draws are those rliable makes from numpy's global generator
@@ -92,7 +92,7 @@ def stratified_bootstrap(scores: np.ndarray, func, reps: int = REPS) -> tuple[np
     return func(scores[None])[0], lo, hi
 
 
-def independent_bootstrap(x: np.ndarray, y: np.ndarray, func, reps: int = REPS):
+def independent_bootstrap(x: np.ndarray, y: np.ndarray, func, reps: int):
     """rliable's ``StratifiedIndependentBootstrap`` (``x`` and ``y`` ``[runs, tasks]`` resampled each
     on its own, within each task), vectorised with its draws in its order: per resample one
     ``choice`` for ``x``, then one for ``y``. ``func`` maps batches ``[R, runs_x, tasks]``, ``[R,
@@ -108,7 +108,7 @@ def independent_bootstrap(x: np.ndarray, y: np.ndarray, func, reps: int = REPS):
     return func(x[None], y[None])[0], lo, hi
 
 
-def interval_estimates(score_dict: dict, func, reps: int = REPS) -> dict:
+def interval_estimates(score_dict: dict, func, reps: int) -> dict:
     """``library.get_interval_estimates`` with vectorised ``func`` (see stratified_bootstrap): the
     keys in order, each bootstrap continuing the generator the one before left, seeded with SEED
     before the first. -> per key (point [k], low [k], high [k])."""
@@ -153,7 +153,7 @@ def mean_interval(values) -> tuple[float, float, float]:
     interval (rliable's stratified bootstrap on a single task)."""
     scores = np.asarray(values, np.float64).reshape(-1, 1)   # [seeds, 1 task]
     with seeded():
-        point, lo, hi = stratified_bootstrap(scores, lambda s: batch_mean(s)[:, None])
+        point, lo, hi = stratified_bootstrap(scores, lambda s: batch_mean(s)[:, None], REPS)
     return float(point[0]), float(lo[0]), float(hi[0])
 
 
@@ -235,7 +235,7 @@ def _aggregate(s: np.ndarray) -> np.ndarray:
 def aggregates(matrices: dict[str, np.ndarray]) -> dict[str, dict[str, tuple[float, float, float]]]:
     """Per agent, per AGGREGATES name: (point, low, high), 95% stratified bootstrap intervals
     (runs resampled within each env)."""
-    found = interval_estimates(matrices, _aggregate)
+    found = interval_estimates(matrices, _aggregate, REPS)
     return {a: {name: (float(p[i]), float(lo[i]), float(hi[i])) for i, name in enumerate(AGGREGATES)}
             for a, (p, lo, hi) in found.items()}
 
@@ -250,7 +250,7 @@ def improvement(matrices: dict[str, np.ndarray]) -> dict[tuple[str, str], tuple[
             for y in matrices:
                 if x != y:
                     p, lo, hi = independent_bootstrap(matrices[x], matrices[y],
-                                                      lambda a, b: batch_improvement(a, b)[:, None])
+                                                      lambda a, b: batch_improvement(a, b)[:, None], REPS)
                     out[(x, y)] = (float(p[0]), float(lo[0]), float(hi[0]))
     return out
 
