@@ -330,7 +330,8 @@ class Runner:
             bar.close()
         result.steps = state.steps
         result.episode_returns = list(state.recent)
-        result.evaluations, result.best = state.evaluations, state.best
+        # from the state, not from this process's evaluations: a run resumed at its end evaluates nothing
+        result.evaluations, result.best, result.baseline = state.evaluations, state.best, state.baseline
         elapsed = time.perf_counter() - start_t
         result.metrics["perf/env_steps_per_s_overall"] = (collected() - start_collected) / max(elapsed, 1e-9)
         result.metrics["perf/wall_time_s"] = before + elapsed
@@ -398,7 +399,6 @@ class Runner:
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
-        result.baseline = state.baseline
         opponents = random_policy(eval_venv.spec) if len(learning) > 1 else None   # teams that play each other
         row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})

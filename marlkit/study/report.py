@@ -12,8 +12,6 @@ import numpy as np
 from marlkit.study import stats
 from marlkit.study.stats import AGGREGATES, Cell, RunRecord
 
-FIGURES = ("sample_efficiency.png", "performance_profile.png", "probability_of_improvement.png")
-
 
 def fmt_cell(c: Cell) -> str:
     return f"{c.mean:.3f} [{c.low:.3f}, {c.high:.3f}]"
