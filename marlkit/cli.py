@@ -12,7 +12,7 @@ import gc
 import importlib
 import sys
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from argparse_dataclass import ArgumentParser
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     top = {k: v for k, v in {"seed": args.seed, "device": args.device, "logger": args.logger,
                              "load": args.load, "render": args.render or None,
                              "imports": args.imports or None}.items() if v is not None}
-    try:
+    def train_or_test() -> int:
         overrides = parse_set(args.set)
         overrides.update(top)
         cfg = build_config(args.agent, args.env, mode, config=args.config, resume=args.resume, overrides=overrides)
@@ -120,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = run_config(cfg)
         print(f"run directory: {result.run_dir}")
+        return 0
+
+    return exit_code(train_or_test)
+
+
+def exit_code(work: Callable[[], int]) -> int:
+    """``work()``, with marlkit's errors and stops each reported in one line on stderr -> its exit
+    code: 0 done, 1 failed, 2 bad config, 130 interrupted."""
+    try:
+        return work()
     except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
         print(f"marlkit: error: {exc}", file=sys.stderr)
         return 2
@@ -134,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("marlkit: interrupted before the run started; nothing was saved", file=sys.stderr)
         return 130
-    return 0
 
 
 def command() -> int:

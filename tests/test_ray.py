@@ -24,7 +24,7 @@ from ray._private import ray_constants  # noqa: E402
 import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
-from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, loopback_cluster
+from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, _cmdline, loopback_cluster
 from marlkit.envs.vector import _LIVE, SyncVectorEnv
 from test_doom_cleanup import descendants, is_engine
 from test_doom import gone_within, work_folders
@@ -393,14 +393,6 @@ def test_a_driver_without_the_clusters_token_is_told_so_at_once_in_one_line(toke
 def _env_actors_on(node) -> int:
     raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
     return sum(_cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
 
 
 @pytest.mark.parametrize("trial", range(2))

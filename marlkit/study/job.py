@@ -16,9 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, EnvWorkerError, RunInterrupted,
-                            TrainingDivergedError)
-from marlkit.registry import UnknownNameError
+from marlkit.cli import exit_code
 
 
 def build(run_dir: Path, request: dict):
@@ -49,24 +47,13 @@ def main(argv: list[str]) -> int:
     from marlkit.allocator import keep_freed_memory
     keep_freed_memory()
     run_dir, request = Path(argv[0]), json.loads(argv[1])
-    try:
-        cfg = build(run_dir, request)
+
+    def benchmark() -> int:
         from marlkit.runners.runner import Runner
-        Runner(cfg, run_dir).benchmark()
-    except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
-        print(f"marlkit: error: {exc}", file=sys.stderr)
-        return 2
-    except (EnvAPIError, EnvWorkerError, TrainingDivergedError) as exc:
-        print(f"marlkit: {type(exc).__name__}: {'; '.join([str(exc), *getattr(exc, '__notes__', [])])}",
-              file=sys.stderr)
-        return 1
-    except RunInterrupted as exc:
-        print(f"marlkit: {exc}; envs closed", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("marlkit: interrupted before the run started; nothing was saved", file=sys.stderr)
-        return 130
-    return 0
+        Runner(build(run_dir, request), run_dir).benchmark()
+        return 0
+
+    return exit_code(benchmark)
 
 
 if __name__ == "__main__":

@@ -170,9 +170,7 @@ def _plot_curves(records: list[RunRecord], table: dict, colors: dict, path: Path
         ax.axhline(table[env]["random"], color="gray", linestyle="--", label="random")
         ax.set_title(env)
         ax.legend(fontsize="medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(plt, fig, path)
 
 
 def _plot_profiles(matrices: dict[str, np.ndarray], colors: dict, path: Path) -> None:
@@ -189,11 +187,8 @@ def _plot_profiles(matrices: dict[str, np.ndarray], colors: dict, path: Path) ->
                                              ylabel=r"fraction of runs above $\tau$", labelsize="large",
                                              ticklabelsize="medium", legend=True, legendsize="medium")
     else:
-        ax.text(0.5, 0.5, "no agent finished every env on a common seed", ha="center", va="center")
-        ax.set_axis_off()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        _say_instead(ax, "no agent finished every env on a common seed")
+    _save(plt, fig, path)
 
 
 def _plot_improvement(better: dict, agents: list[str], path: Path) -> None:
@@ -216,8 +211,17 @@ def _plot_improvement(better: dict, agents: list[str], path: Path) -> None:
         ax.set_title("P(X > Y), 95% intervals")
         fig.colorbar(image, ax=ax, fraction=0.046)
     else:
-        ax.text(0.5, 0.5, "one agent: nothing to compare", ha="center", va="center")
-        ax.set_axis_off()
+        _say_instead(ax, "one agent: nothing to compare")
+    _save(plt, fig, path)
+
+
+def _say_instead(ax, text: str) -> None:
+    """A sentence where a plot has nothing to show."""
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    ax.set_axis_off()
+
+
+def _save(plt, fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
