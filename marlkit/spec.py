@@ -52,6 +52,11 @@ class GroupSpec:
     # Several sensors in one flat observation: their shapes, in the order they are concatenated
     # (a Unity agent with a camera and vector sensors); None: the observation is one array.
     obs_parts: tuple[tuple[int, ...], ...] | None = None
+    # Per agent slot, the sub-team whose agents its centralised critic reads together, for a group
+    # that spans independent copies of one game (the fields of a Unity scene, told apart by
+    # ML-Agents' group ids); 0: the agent's critic reads the whole group. None: no sub-teams.
+    # The actor is shared across sub-teams as across the group.
+    subteams: tuple[int, ...] | None = None
 
     @property
     def n_agents(self) -> int:

@@ -326,3 +326,27 @@ def test_a_value_gradient_scale_without_a_shared_encoder_is_refused_naming_the_k
     with pytest.raises(ConfigError, match=rf"agents\.MAPPO\.critic_encoder_grad=0\.0 .* {why}; {fix}.*, or leave "
                                           r"agents\.MAPPO\.critic_encoder_grad unset"):
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder_grad": 0.0, **overrides})
+
+
+@pytest.mark.parametrize("pool", ["mean", "max", "attention"])
+def test_subteams_pool_apart_and_agents_of_no_subteam_read_the_whole_group(pool):
+    """Sub-teams (the fields of a Unity scene, ``GroupSpec.subteams``): an agent's value reads its own
+    sub-team alone, to the bit, and an agent of sub-team 0 reads the whole group as without sub-teams."""
+    torch.manual_seed(0)
+    subteams = (0, 7, 7, 9, 9, 9)
+    split, whole = PooledValueHead(8, 6, pool, subteams=subteams), PooledValueHead(8, 6, pool)
+    whole.load_state_dict(split.state_dict())                 # the sub-teams are not part of the weights
+    features = torch.randn(2, 3, 6, 8)
+    mask = torch.ones(2, 3, 6, dtype=torch.bool)
+    mask[0, 0, 1] = mask[1, 2, 3:] = False                    # absent: out of their pools; an empty pool is zeros
+    values = split(features, mask)
+    torch.testing.assert_close(values[..., 0], whole(features, mask)[..., 0])
+    assert torch.isfinite(values).all()
+    moved = features.clone()
+    moved[..., 3:, :] += torch.randn(2, 3, 3, 8)              # sub-team 9 moves
+    again = split(moved, mask)
+    assert torch.equal(again[..., 1:3], values[..., 1:3])     # sub-team 7 reads nothing of it
+    seen = mask[..., 3:].any(-1)                              # where sub-team 9 has someone present
+    assert not torch.isclose(again[..., 0][seen], values[..., 0][seen]).any()
+    present = mask[..., 3:]
+    assert not torch.isclose(again[..., 3:][present], values[..., 3:][present]).any()

@@ -985,3 +985,109 @@ def test_coma_refuses_multidiscrete_after_one_launch_and_names_flatten_actions(t
     assert result.steps == 64
     got = launched(pids, 4)
     assert len(got) == 4 and not any(map(running, got))
+
+
+def critic_values(env, pool: str, ob) -> dict:
+    """Per group, MAPPO's centralised critic values ``[A]`` of ``ob`` (the pooled critic the unity
+    config resolves to), with the weights of seed 0: the same for every scene of one spec."""
+    import torch
+
+    from marlkit.api import build_config
+    from marlkit.registry import get_agent
+
+    agent_cfg = build_config("MAPPO", "unity", **{"env.file_name": STANDIN}).agents["MAPPO"]
+    agent_cfg.pool = pool
+    out = {}
+    for g, gs in env.spec.groups.items():
+        agent = get_agent("MAPPO")(gs, env.spec, agent_cfg, seed=0)
+        obs = torch.as_tensor(ob.obs[g])[None, None]                  # [L=1, B=1, A, obs]
+        with torch.no_grad():
+            values, _ = agent.values(obs, None, None, None, torch.as_tensor(ob.agent_mask[g])[None, None])
+        out[g] = values[0, 0]
+    return out
+
+
+def two_scenes(*args) -> list[tuple]:
+    """(env, its first observations, then after a step of the same actions) of two stand-in scenes
+    that differ in field 1's observations alone."""
+    scenes = []
+    for extra in ([], ["--obs-offset", "1:5"]):
+        env, _ = make(None, "--fields", "2", *args, *extra)
+        first = env.reset()
+        actions = {g: np.ones((gs.n_agents, 3), np.int64) for g, gs in env.spec.groups.items()}
+        scenes.append((env, [first, env.step(actions)[0]]))
+    return scenes
+
+
+def test_each_group_id_gets_its_own_centralised_critic():
+    """Team 0's agents 0, 1 play field 0 (group id 1), agents 4, 5 field 1 (group id 3): moving
+    field 1's observations moves none of field 0's critic values, not by one bit, whatever the pool;
+    the actor is still one for the behaviour."""
+    scenes = two_scenes()
+    try:
+        (env, obs), (moved_env, moved_obs) = scenes
+        assert env.spec.groups["team_0"].subteams == (1, 1, 3, 3)
+        assert env.spec.groups["team_1"].subteams == (2, 2, 4, 4)
+        assert agent_ids(env, "team_0") == [0, 1, 4, 5] and agent_ids(env, "team_1") == [2, 3, 6, 7]
+        for ob, moved in zip(obs, moved_obs):
+            for g in env.spec.groups:
+                np.testing.assert_array_equal(ob.obs[g][:2], moved.obs[g][:2])
+                assert (ob.obs[g][2:] != moved.obs[g][2:]).all()
+            for pool in ("mean", "max", "attention"):
+                values, moved_values = critic_values(env, pool, ob), critic_values(moved_env, pool, moved)
+                for g in env.spec.groups:
+                    assert values[g][:2].numpy().tobytes() == moved_values[g][:2].numpy().tobytes(), (pool, g)
+                    assert (values[g][2:] != moved_values[g][2:]).all(), (pool, g)
+    finally:
+        for env, _ in scenes:
+            env.close()
+
+
+def test_without_group_ids_one_critic_reads_the_whole_behaviour():
+    """All group ids 0 (no groups): no sub-teams, and every agent's critic value reads every field,
+    as before group ids were used; ``env.group_ids: false`` ignores the ids of a scene that has them."""
+    scenes = two_scenes("--no-group-ids")
+    try:
+        (env, obs), (moved_env, moved_obs) = scenes
+        assert all(gs.subteams is None for gs in env.spec.groups.values())
+        for ob, moved in zip(obs, moved_obs):
+            for pool in ("mean", "max", "attention"):
+                values, moved_values = critic_values(env, pool, ob), critic_values(moved_env, pool, moved)
+                for g in env.spec.groups:
+                    assert (values[g] != moved_values[g]).all(), (pool, g)
+    finally:
+        for env, _ in scenes:
+            env.close()
+    env, _ = make(None, "--fields", "2", group_ids=False)
+    try:
+        assert all(gs.subteams is None for gs in env.spec.groups.values())
+    finally:
+        env.close()
+
+
+def test_a_group_id_that_changes_is_an_error_naming_the_agent_and_the_fix():
+    """The critics were built on the group ids of the first reset: an agent whose id changes stops
+    the env with the agent, both ids and the setting that ignores them; with it the scene plays on."""
+    from marlkit.errors import EnvAPIError
+
+    env, _ = make(None, "--fields", "2", "--regroup-after", "2")
+    try:
+        actions = zero_actions(env)
+        env.reset()
+        env.step(actions)
+        with pytest.raises(EnvAPIError) as info:
+            env.step(actions)
+    finally:
+        env.close()
+    message = str(info.value)
+    assert "agent id 0 has group id 101, but 1 at the first reset" in message, message
+    assert "set env.group_ids=false" in message, message
+    env, _ = make(None, "--fields", "2", "--regroup-after", "2", group_ids=False)
+    try:
+        actions = zero_actions(env)
+        env.reset()
+        for _ in range(4):
+            ob, *_ = env.step(actions)
+        assert ob.agent_mask["team_0"].all()
+    finally:
+        env.close()

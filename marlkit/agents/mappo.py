@@ -142,8 +142,10 @@ class MAPPO(OnPolicyAgent):
         return self.actor.model("critic", self.state_shape, per_agent=False)
 
     def pooled_head(self, features: int) -> PooledValueHead:
+        """The pool reads each agent's sub-team alone where the group has sub-teams (the fields of a
+        Unity scene): one centralised critic per field, the weights shared as the actor's are."""
         return PooledValueHead(features, self.n_agents if self.cfg.use_agent_id else 0, self.cfg.pool,
-                               self.cfg.critic.activation)
+                               self.cfg.critic.activation, subteams=self.group.subteams)
 
     def critic_head(self, critic: Encoder) -> nn.Module:
         if self.pooled_critic:

@@ -18,8 +18,13 @@ SoccerTwos-shaped scene:
 - the last agent of each team in field 0 requests a decision every ``--decision-period`` steps
   (its reward accumulates in between, as in Unity).
 
+Each field's team is an ML-Agents group: agents carry group id ``1 + 2 field + team`` (all 0, no
+group, with ``--no-group-ids``; ``--regroup-after K`` adds 100 to them from step K on).
+
 Observations encode what a test needs to check: sensor 0 is ``[agent id, field, step in episode,
 episode, last action (3 branches, zero-padded), 1]``; sensor 1 is ``[team, slot in team, 0.5]``;
+``--obs-offset F:X`` adds X to every vector observation value of field F's agents (another scene
+that differs in that field alone);
 the camera's pixel ``(c, h, w)`` is ``image(agent id, step, shape)``, different along every axis.
 Every agent gets ``0.01 * (sum of its last discrete action)`` per decision and ``-0.001`` per step.
 ``--log`` writes one JSON line per step: the actions received per agent id, masked choices taken,
@@ -160,6 +165,8 @@ class Scene:
         f = agent.field
         sensors = [[agent.id, f.index, f.step, f.episode, *agent.last_action, 1.0],
                    [agent.team, agent.slot, 0.5]]
+        offset = self.args.obs_offset.get(f.index, 0.0)
+        sensors = [[v + offset for v in values] for values in sensors]
         out = []
         for i, values in enumerate(sensors if not self.args.no_vector else []):
             ob = ObservationProto(shape=[len(values)], compression_type=NONE, name=f"vector_{i}")
@@ -178,9 +185,11 @@ class Scene:
 
     def info(self, agent: Agent, done: bool = False, max_step: bool = False, group_reward: float = 0.0,
              reward: float | None = None) -> AgentInfoProto:
+        group_id = 0 if self.args.no_group_ids else 1 + 2 * agent.field.index + agent.team
+        if self.args.regroup_after is not None and self.steps >= self.args.regroup_after:
+            group_id += 100
         info = AgentInfoProto(reward=agent.reward if reward is None else reward, done=done,
-                              max_step_reached=max_step, id=agent.id, group_id=1 + 2 * agent.field.index + agent.team,
-                              group_reward=group_reward)
+                              max_step_reached=max_step, id=agent.id, group_id=group_id, group_reward=group_reward)
         info.observations.extend(self.observations(agent))
         if not done and self.args.branches:
             forbidden = set(masked_choices(agent.id, agent.field.step, self.args.branches))
@@ -279,6 +288,9 @@ def parse(argv: list[str]):
     parser.add_argument("--image", type=lambda s: tuple(int(v) for v in s.split("x")), default=None)
     parser.add_argument("--png", action="store_true")
     parser.add_argument("--no-vector", action="store_true")
+    parser.add_argument("--no-group-ids", action="store_true")
+    parser.add_argument("--regroup-after", type=int, default=None)
+    parser.add_argument("--obs-offset", type=lambda s: {int(s.split(":")[0]): float(s.split(":")[1])}, default={})
     parser.add_argument("--log", default=None)
     parser.add_argument("--side-log", default=None)
     parser.add_argument("--die-after", type=int, default=None)

@@ -20,6 +20,11 @@ Editor connects when Play is pressed.
   with a single image sensor keeps its shape (for the ``cnn`` model). Images are ``[C, H, W]``,
   as mlagents-envs decodes them (camera PNGs and uncompressed sensors alike), and declared so.
 - Rewards: the agent's reward plus ``group_reward_weight`` times its group reward.
+- Group ids (``group_ids``): ML-Agents' group ids tell apart the copies of one game in a scene (the
+  fields of SoccerTwos: each field's team is a group). The group spec lists each slot's group id at
+  the first reset (``GroupSpec.subteams``), so that a centralised critic reads the agents of the
+  same group id alone (one per field, weights shared across the behaviour); agents of group id 0
+  keep reading the whole behaviour. The ids must stay as they were at the first reset.
 - Per-agent episodes: an agent in the terminal steps ends its own episode (``terminated``, or
   ``truncated`` when ML-Agents says it was interrupted at its max step) and carries its final
   observation in ``Observation.final``; when the same agent is also in the decision steps of the
@@ -67,6 +72,7 @@ class UnityConfig(EnvConfig):
     additional_args: list[str] = field(default_factory=list)   # launch arguments for the build
     seed: int = 0
     group_reward_weight: float = 1.0
+    group_ids: bool = True                       # one centralised critic per ML-Agents group id (field)
     flatten_actions: bool = False                # MultiDiscrete -> one Discrete with the joint action mask
     max_agents: dict[str, int] = field(default_factory=dict)   # slots per group for agents that appear later
     restart_on_failure: bool = True              # relaunch a scene that exits or stops answering (counted, logged)
@@ -180,6 +186,7 @@ class _Behaviour:
             self.action_space = spaces.Box(-1.0, 1.0, (self.n_continuous,), np.float32)
         self.deciding = np.zeros(0, np.int64)   # slots of the agents whose action the scene awaits
         self.deciding_index: np.ndarray | slice = self.deciding
+        self.group_ids: np.ndarray | None = None   # [A]: each slot's group id at the first reset (env.group_ids)
 
     def rebind(self, agent_ids: np.ndarray) -> None:
         """Slots for the agents present at a (re)launch: in the order of their ids."""
@@ -220,6 +227,28 @@ class _Behaviour:
                 slot = self.slot[agent_id] = len(self.slot)
             out[k] = slot
         return out
+
+    def read_group_ids(self, decision, terminal) -> np.ndarray:
+        """``[A]``: the group id of each slot's agent in the steps of a reset (0: no group, or no
+        agent in the slot yet)."""
+        out = np.zeros(self.capacity, np.int64)
+        for steps in (terminal, decision):
+            if len(steps):
+                out[self.slots(steps.agent_id)] = steps.group_id
+        return out
+
+    def check_group_ids(self, decision) -> None:
+        """The deciding agents' group ids are those of the first reset, which the critics were
+        built on; one that differs is an error naming the agent."""
+        was = self.group_ids[self.deciding_index]
+        changed = np.flatnonzero(decision.group_id != was)
+        if len(changed):
+            k = changed[0]
+            raise EnvAPIError(
+                f"behaviour {self.name!r}: agent id {decision.agent_id[k]} has group id {decision.group_id[k]}, but "
+                f"{was[k]} at the first reset (0: no group, or not there yet); each group id gets its own "
+                "centralised critic from the group ids of the first reset, so they must not change; set "
+                "env.group_ids=false to ignore group ids (one critic reads the whole behaviour)")
 
     def agent_obs(self, obs_list: list[np.ndarray]) -> np.ndarray:
         """ML-Agents' per-sensor ``[n, *sensor_shape]`` arrays -> ``[n, *obs_shape]``."""
@@ -395,12 +424,17 @@ class UnityEnv(MultiAgentEnv):
             decision, terminal = self._env.get_steps(b)
             present = np.union1d(decision.agent_id, terminal.agent_id)
             g = names[b]
-            self.behaviours.append(_Behaviour(b, g, specs[b], present, self.cfg.max_agents.get(g, len(present))))
+            beh = _Behaviour(b, g, specs[b], present, self.cfg.max_agents.get(g, len(present)))
+            if self.cfg.group_ids:
+                beh.group_ids = beh.read_group_ids(decision, terminal)
+            self.behaviours.append(beh)
         groups = {}
         for beh in self.behaviours:
             space = spaces.Box(-np.inf, np.inf, beh.obs_shape, np.float32)
+            subteams = tuple(beh.group_ids.tolist()) if beh.group_ids is not None and beh.group_ids.any() else None
             groups[beh.group] = GroupSpec(beh.group, beh.agent_names(), space, beh.action_space,
-                                          channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts)
+                                          channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts,
+                                          subteams=subteams)
         state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
         self.spec = EnvSpec(groups, (state_dim,), state_from_obs=True)
         self._first = self._last = self._observe()[0]
@@ -485,6 +519,10 @@ class UnityEnv(MultiAgentEnv):
         for beh in self.behaviours:
             decision, terminal = self._env.get_steps(beh.name)
             beh.rebind(np.union1d(decision.agent_id, terminal.agent_id))
+            if beh.group_ids is not None and (beh.read_group_ids(decision, terminal) != beh.group_ids).any():
+                self.close()
+                raise EnvAPIError(f"unity env {self.index}: the relaunched scene gives the agents of behaviour "
+                                  f"{beh.name!r} other group ids than at the start, which the critics were built on")
         self._first = self._observe()[0]
 
     def _cut(self):
@@ -519,6 +557,8 @@ class UnityEnv(MultiAgentEnv):
                 if decision.action_mask is not None and beh.branches:
                     am[di] = ~np.concatenate(decision.action_mask, axis=1)
             beh.deciding, beh.deciding_index = ds, di
+            if beh.group_ids is not None and len(ds):
+                beh.check_group_ids(decision)
             term, trunc = np.zeros(A, bool), np.zeros(A, bool)
             f = None
             if len(terminal):
