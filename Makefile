@@ -3,6 +3,10 @@ PY ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 BIN := $(VENV)/bin
 ARGS ?=
+# test processes side by side: much of the suite waits on env processes, Ray nodes and timeouts, so
+# two keep a 2-core machine busy (-n 0: one process)
+TEST_JOBS ?= 2
+PYTEST := $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadscope
 
 .PHONY: install train test test-exact benchmark clean
 
@@ -26,7 +30,7 @@ train: install  ## MAPPO on the embedded default env, mpe_spread (2M env steps)
 	$(BIN)/marlkit --agent MAPPO --env mpe_spread $(ARGS)
 
 test: install  ## the test suite (also runs both examples on a tiny budget)
-	$(BIN)/python -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 # the tests that assert bit-identical results, under every ATen CPU capability this CPU can run
 # besides its own, which `make test` used (torch's kernels for each round differently; a claim of
@@ -37,7 +41,7 @@ test-exact: install
 	[ -n "$$caps" ] || echo "exact tests: no capability below this CPU's ($$native), which make test used"; \
 	for cap in $$caps; do \
 		echo "exact tests under ATEN_CPU_CAPABILITY=$$cap (this CPU: $$native, which make test used)"; \
-		ATEN_CPU_CAPABILITY=$$cap $(BIN)/python -m pytest -m exact $(ARGS) || exit $$?; \
+		ATEN_CPU_CAPABILITY=$$cap $(PYTEST) -m exact $(ARGS) || exit $$?; \
 	done
 
 benchmark: install  ## throughput: MAPPO training vs raw env stepping
