@@ -12,6 +12,7 @@ has every core for its env workers; with ``--jobs N`` each of the N runs has ``c
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +44,10 @@ def main() -> None:
         return side
 
     sides = {"one after another (--jobs 1)": study(1), f"side by side (--jobs {args.jobs})": study(args.jobs)}
-    samples, medians = harness.measure(sides, args.repeats, label="study ")
+    try:
+        samples, medians = harness.measure(sides, args.repeats, label="study ")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     (serial, parallel) = (medians[name]["wall_s"] for name in sides)
     ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(*samples.values())]
     harness.table(["side", "wall s (median)", "runs"], [[n, m["wall_s"], m["runs"]] for n, m in medians.items()])

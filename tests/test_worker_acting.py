@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,8 +133,13 @@ def test_a_slow_rollout_that_keeps_stepping_is_not_a_timeout(tiny, env_yaml):
 
 def test_an_env_error_in_a_worker_names_the_env(tiny, env_yaml):
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 4})
-    with pytest.raises(EnvWorkerError, match=r"env \d raised while collecting a rollout: EnvAPIError: .*agent_1"):
+    with pytest.raises(EnvWorkerError, match=r"env \d raised while collecting a rollout: EnvAPIError: .*agent_1") as info:
         marlkit.run(agent="MAPPO", env=path, **{**tiny, **WORKERS, "runner.parallels": 4, "runner.total_steps": 400})
+    # it broke in the first rollout, before the run had a directory: its traceback went to a temp file
+    [note] = [n for n in info.value.__notes__ if "the worker's traceback is in " in n]
+    where = Path(note.rsplit("the worker's traceback is in ", 1)[1])
+    assert "in _observe" in where.read_text()
+    where.unlink()
 
 
 def test_acting_in_workers_without_worker_processes_is_refused_naming_the_fix(tiny):
