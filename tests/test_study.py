@@ -57,6 +57,24 @@ def run_dirs(root: Path, env: str = "signal") -> list[Path]:
     return [root / "studies" / "tiny" / env / agent / f"seed{seed}" for agent in AGENTS for seed in SEEDS]
 
 
+def interrupted_when(ready, args: list[str], environ: dict) -> tuple[subprocess.Popen, str, str]:
+    """``marlkit *args`` in a session of its own, sent SIGINT to its process group (a terminal's
+    Ctrl+C) once ``ready()`` (or after 300 s) -> (the process, its stdout, its stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=environ, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not ready():
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc, out, err
+
+
 @pytest.fixture(scope="module")
 def killed_and_rerun(tmp_path_factory):
     """The study killed (SIGINT to its process group, as a terminal's Ctrl+C) once two runs are
@@ -68,22 +86,13 @@ def killed_and_rerun(tmp_path_factory):
                    "env: {type: pettingzoo, factory: 'toy_envs:signal', kwargs: {n: 5, length: 5}}\n")
     root = tmp / "runs"
     args = study_args(str(env), root)
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": TESTS}, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            finished = [d for d in run_dirs(root) if (d / "benchmark.json").is_file()]
-            going = [d for d in run_dirs(root) if (d / "latest.pt").is_file() and d not in finished]
-            if len(finished) >= 2 and going:
-                break
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        first_out, first_err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+
+    def ready() -> bool:
+        finished = [d for d in run_dirs(root) if (d / "benchmark.json").is_file()]
+        going = [d for d in run_dirs(root) if (d / "latest.pt").is_file() and d not in finished]
+        return len(finished) >= 2 and bool(going)
+
+    proc, first_out, first_err = interrupted_when(ready, args, {**os.environ, "PYTHONPATH": TESTS})
     assert proc.returncode == 130, first_err
     left = {d: (d / "benchmark.json").read_bytes() if (d / "benchmark.json").is_file() else
             read_steps(d / "latest.pt") if (d / "latest.pt").is_file() else None for d in run_dirs(root)}
@@ -368,19 +377,8 @@ def test_the_ray_backend_runs_each_run_as_a_task_and_stops_them_to_resume(tmp_pa
     # Ray's memory monitor has killed tasks here with most of the memory free (it reads the container's
     # accounting), which would fail the runs for a reason that is not theirs
     environ = {**os.environ, "PYTHONPATH": TESTS, "RAY_memory_monitor_refresh_ms": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=environ, start_new_session=True)
     dirs = [root / "studies" / "tiny" / "signal" / "MAPPO" / f"seed{s}" for s in (1, 2)]
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not all((d / "latest.pt").is_file() for d in dirs):
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    proc, _, err = interrupted_when(lambda: all((d / "latest.pt").is_file() for d in dirs), args, environ)
     assert proc.returncode == 130, err
     saved = {d: read_steps(d / "latest.pt") for d in dirs}
     again = subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True, env=environ,
