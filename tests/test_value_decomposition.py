@@ -148,6 +148,48 @@ def test_a_full_replay_drops_its_oldest_episodes():
         assert np.array_equal(storage.ring["obs"][slot, :5], np.stack([tr.obs[e] for tr in steps[first:first + 5]]))
 
 
+# ---------------------------------------------------------------------- targets
+
+
+def _forward_view(reward, next_value, continues, length, gamma, lam):
+    """The lambda-return of one episode by its definition: a (1 - lam) lam^(n-1) weighted mix of the
+    n-step returns, the last one carrying the remaining weight (no bootstrap past a cut return)."""
+    out = []
+    for t in range(length):
+        n_step, total, weight, discount, ret = [], 0.0, 1.0, 1.0, 0.0
+        for k in range(t, length):
+            ret += discount * reward[k]
+            discount *= gamma * continues[k]
+            n_step.append(ret + discount * next_value[k])
+        for i, g in enumerate(n_step):
+            w = lam ** i * ((1 - lam) if i < len(n_step) - 1 else 1.0)
+            total += w * g
+        out.append(total)
+    return out
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.6, 1.0])
+def test_td_lambda_targets_are_the_lambda_returns_of_each_episode(lam):
+    """Episodes of 5 and 3 steps in one batch (padding after the second), one cut by a termination:
+    every taken step's target equals the forward-view lambda-return; lam 0 is the one-step target."""
+    from marlkit.agents.value_decomposition import lambda_returns
+
+    g = torch.Generator().manual_seed(0)
+    reward, next_value = torch.rand(5, 2, generator=g), torch.rand(5, 2, generator=g)
+    continues = torch.ones(5, 2)
+    continues[2, 1] = 0.0                       # the second episode terminates at its last step
+    lengths = [5, 3]
+    filled = torch.arange(5)[:, None] < torch.tensor(lengths)[None]
+    targets = lambda_returns(reward, next_value, continues, filled[1:], 0.9, lam)
+    for b, length in enumerate(lengths):
+        expected = _forward_view(reward[:, b].tolist(), next_value[:, b].tolist(), continues[:, b].tolist(),
+                                 length, 0.9, lam)
+        torch.testing.assert_close(targets[:length, b], torch.tensor(expected), rtol=1e-5, atol=1e-6)
+    one_step = reward + 0.9 * continues * next_value
+    if lam == 0.0:
+        torch.testing.assert_close(targets, one_step)
+
+
 # ---------------------------------------------------------------------- mixers
 
 
@@ -171,11 +213,14 @@ def test_qmix_is_monotonic_and_leaves_absent_agents_out():
     torch.testing.assert_close(mixer(other, state, present), mixer(q.detach(), state, present))
 
 
+@pytest.mark.parametrize("td_lambda", [0.0, 0.6])
 @pytest.mark.parametrize("agent_name", FAMILY)
-def test_masked_slots_never_affect_learning(agent_name):
+def test_masked_slots_never_affect_learning(agent_name, td_lambda):
     """Garbage in every absent slot of the replayed episodes (observations, rewards, actions, ends)
-    leaves the update's metrics and weights as they are with clean slots."""
-    settings = {f"agents.{agent_name}.batch_size": 4, f"agents.{agent_name}.target_update_interval": 2}
+    leaves the update's metrics and weights as they are with clean slots, with one-step and
+    TD(lambda) targets."""
+    settings = {f"agents.{agent_name}.batch_size": 4, f"agents.{agent_name}.target_update_interval": 2,
+                f"agents.{agent_name}.td_lambda": td_lambda}
     clean, venv = _agent_on(agent_name, "toy_envs:scripted", {"length": 7}, 3, **settings)
     dirty = copy.deepcopy(clean)
     try:

@@ -6,9 +6,9 @@ is epsilon-greedy among the allowed actions (``action_mask``; a masked action is
 random or greedily), epsilon falling linearly with the env steps collected (``Progress``), greedy
 in evaluation. Learning is off-policy: each rollout's finished episodes enter a replay
 (``storage/replay.py``), and every update takes ``gradient_steps_per_episode`` gradient steps per
-new episode, each on ``batch_size`` whole episodes: one-step TD targets from target networks copied
-every ``target_update_interval`` gradient steps, with double Q (the online network picks the next
-action, the target network values it).
+new episode, each on ``batch_size`` whole episodes: one-step TD targets (TD(lambda) ones with
+``td_lambda``) from target networks copied every ``target_update_interval`` gradient steps, with
+double Q (the online network picks the next action, the target network values it).
 
 A time limit is a truncation: the step after an episode's last is valued (from the observation the
 episode ended at); a termination is not. A mixer (VDN, QMIX) turns the agents' Q-values into the
@@ -53,12 +53,34 @@ class ValueDecompositionConfig:
     epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
     target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
     double_q: bool = True
+    # 0: one-step TD targets (EPyMARL's); above 0, TD(lambda) targets over each replayed episode
+    # (pymarl2's), which carry a sparse reward back through an episode in one update
+    td_lambda: float = field(default=0.0, metadata=_range(0.0, 1.0))
     max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
     use_agent_id: bool = True
     team_reward: Literal["sum", "mean"] = "sum"
     # rewards as (r - mean) / std of all rewards replayed so far (EPyMARL's standardise_rewards)
     standardise_rewards: bool = True
     q: ModelConfig = field(default_factory=ModelConfig)
+
+
+def lambda_returns(reward: torch.Tensor, next_value: torch.Tensor, continues: torch.Tensor, has_next: torch.Tensor,
+                   gamma: float, lam: float) -> torch.Tensor:
+    """Targets ``[L, B, ...]`` for the values taken along whole episodes: G_t = r_t + gamma c_t
+    ((1 - lam) V_{t+1} + lam G_{t+1}), with V_{t+1} the target network's value of the next step
+    (``next_value``), c_t 0 where step t ended the return, and V_{t+1} alone where step t + 1 was
+    not taken (``has_next`` ``[L - 1, B, ...]`` False: the episode's end, an absent agent). With
+    ``lam`` 0 it is the one-step target r_t + gamma c_t V_{t+1}."""
+    if lam == 0.0:
+        return reward + gamma * continues * next_value
+    targets = torch.empty_like(reward)
+    after = torch.zeros_like(reward[0])
+    for t in reversed(range(len(reward))):
+        successor = next_value[t] if t == len(reward) - 1 else torch.where(
+            has_next[t], (1.0 - lam) * next_value[t] + lam * after, next_value[t])
+        after = reward[t] + gamma * continues[t] * successor
+        targets[t] = after
+    return targets
 
 
 class ValueDecompositionAgent(Agent):
@@ -243,7 +265,7 @@ class ValueDecompositionAgent(Agent):
             reward = norm.normalize(reward)
         if "mixer" not in self.modules:
             # each agent on its own: its termination ends its returns, a time limit's cut does not
-            target = reward + cfg.gamma * (~terminated).float() * next_q
+            target = lambda_returns(reward, next_q, (~terminated).float(), acted[1:], cfg.gamma, cfg.td_lambda)
             mask = acted.float()
             td = torch.where(acted, taken - target, 0.0)
         else:
@@ -256,8 +278,8 @@ class ValueDecompositionAgent(Agent):
             # (what absent agents' slots hold does not count)
             cut, ended = (truncated & ~terminated & acted).any(-1), (terminated & acted).any(-1)
             ends = last & ended & ~cut
-            target = reward + cfg.gamma * (~ends).float() * next_team
             mask = (filled & present[:-1].any(-1)).float()
+            target = lambda_returns(reward, next_team, (~ends).float(), mask[1:].bool(), cfg.gamma, cfg.td_lambda)
             td = torch.where(mask.bool(), team_q - target, 0.0)
         loss = td.pow(2).sum() / mask.sum().clamp(min=1.0)
         return loss, {"td_loss": loss.detach(), "q_taken": taken.detach()[acted].mean()}
