@@ -8,7 +8,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadscope
 
-.PHONY: install train test test-exact benchmark clean
+.PHONY: install train test test-exact benchmark docs clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,9 @@ test-exact: install
 
 benchmark: install  ## throughput: MAPPO training vs raw env stepping
 	$(BIN)/python benchmarks/throughput.py $(ARGS)
+
+docs: install  ## run the commands whose outputs the docs quote, and rewrite those samples
+	$(BIN)/python docs/samples.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
