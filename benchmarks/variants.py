@@ -55,7 +55,7 @@ def curve(run_dir: Path) -> dict:
 
 
 def main() -> None:
-    p = harness.parser(__doc__, repeats=1)
+    p = harness.parser(__doc__, repeats=None)
     p.add_argument("--agent", required=True)
     p.add_argument("--env", required=True)
     p.add_argument("--seed", type=int, default=1)
