@@ -6,8 +6,8 @@ is epsilon-greedy among the allowed actions (``action_mask``; a masked action is
 random or greedily), epsilon falling linearly with the env steps collected (``Progress``), greedy
 in evaluation. Learning is off-policy: each rollout's finished episodes enter a replay
 (``storage/replay.py``), and every update takes ``gradient_steps_per_episode`` gradient steps per
-new episode, each on ``batch_size`` whole episodes: one-step TD targets (TD(lambda) ones with
-``td_lambda``) from target networks copied every ``target_update_interval`` gradient steps, with
+new episode, each on ``batch_size`` whole episodes: TD(lambda) targets (``td_lambda``; 0: one-step)
+from target networks copied every ``target_update_interval`` gradient steps, with
 double Q (the online network picks the next action, the target network values it).
 
 A time limit is a truncation: the step after an episode's last is valued (from the observation the
@@ -40,7 +40,7 @@ from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 
 @dataclass
 class ValueDecompositionConfig:
-    """Settings shared by IQL, VDN and QMIX; the defaults are EPyMARL's."""
+    """Settings shared by IQL, VDN and QMIX; the defaults are EPyMARL's, but for ``td_lambda``."""
 
     lr: float = field(default=5e-4, metadata=_range(0.0))
     gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
@@ -53,9 +53,11 @@ class ValueDecompositionConfig:
     epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
     target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
     double_q: bool = True
-    # 0: one-step TD targets (EPyMARL's); above 0, TD(lambda) targets over each replayed episode
-    # (pymarl2's), which carry a sparse reward back through an episode in one update
-    td_lambda: float = field(default=0.0, metadata=_range(0.0, 1.0))
+    # TD(lambda) targets over each replayed episode (pymarl2's 0.6), which carry a sparse reward back
+    # through an episode in one update; 0: one-step targets (EPyMARL's). The one default changed
+    # from EPyMARL's: on LBF, QMIX's greedy return after 2M env steps was 3x the one-step targets'
+    # (docs/benchmarks.md)
+    td_lambda: float = field(default=0.6, metadata=_range(0.0, 1.0))
     max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
     use_agent_id: bool = True
     team_reward: Literal["sum", "mean"] = "sum"
