@@ -75,12 +75,14 @@ def lambda_returns(reward: torch.Tensor, next_value: torch.Tensor, continues: to
     ``lam`` 0 it is the one-step target r_t + gamma c_t V_{t+1}."""
     if lam == 0.0:
         return reward + gamma * continues * next_value
+    # G_t = own_t + carry_t G_{t+1}: a linear recurrence, two operations per step
+    taken = torch.cat([has_next.to(reward.dtype), torch.zeros_like(reward[:1])])
+    carry = gamma * continues * lam * taken
+    own = reward + gamma * continues * next_value * (1.0 - lam * taken)
     targets = torch.empty_like(reward)
     after = torch.zeros_like(reward[0])
     for t in reversed(range(len(reward))):
-        successor = next_value[t] if t == len(reward) - 1 else torch.where(
-            has_next[t], (1.0 - lam) * next_value[t] + lam * after, next_value[t])
-        after = reward[t] + gamma * continues[t] * successor
+        after = own[t] + carry[t] * after
         targets[t] = after
     return targets
 
