@@ -9,11 +9,13 @@ counts up to its last evaluation.
 The variants file maps a name to its overrides (``{eps200k: [QMIX.epsilon_anneal_steps=200000]}``);
 an agent's keys may be written ``AGENT.key`` and are expanded to ``agents.AGENT.key``. Made for a
 machine with at least as many cores as variants: on fewer, the runs share cores and their
-env-steps are not comparable. Results: benchmarks/results/variants_<TAG>.json.
+env-steps are not comparable. Results: benchmarks/results/variants_<TAG>.json (a run that left no
+evaluation keeps its log's tail there); the runs' directories are removed.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -92,6 +94,7 @@ def main() -> None:
         results[name] = {"command": " ".join(cmd), "exit_code": proc.returncode, **curve(root / name)}
         if results[name]["last"] is None:
             results[name]["log_tail"] = (root / f"{name}.log").read_text()[-2000:]
+    shutil.rmtree(root, ignore_errors=True)
     rows = [[n, r["env_steps"], r["best"], r["last"]] for n, r in results.items()]
     harness.table(["variant", "env steps", "best eval", "last eval"], rows)
     harness.write_results("variants", args, {"agent": args.agent, "env": args.env, "seed": args.seed,
