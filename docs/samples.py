@@ -74,8 +74,7 @@ def spans() -> dict[str, list[Path]]:
 def produce(run: Run) -> dict[str, str]:
     """Runs the command in a scratch directory (so it prints ``runs/...`` paths) and cuts its spans."""
     with tempfile.TemporaryDirectory(prefix="marlkit-samples-") as cwd:
-        bin_dir = Path(sys.executable).parent
-        cmd = [str(bin_dir / run.command[0]), *run.command[1:], *QUIET]
+        cmd = [sys.executable, "-m", *run.command, *QUIET]   # the marlkit of this interpreter
         done = subprocess.run(cmd, cwd=cwd, env={**os.environ, **EXACT}, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(run.command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
