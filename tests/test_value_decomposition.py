@@ -190,6 +190,34 @@ def test_td_lambda_targets_are_the_lambda_returns_of_each_episode(lam):
         torch.testing.assert_close(targets, one_step)
 
 
+@pytest.mark.parametrize("tau", [None, 0.25])
+def test_target_networks_are_copied_every_interval_or_moved_by_tau(tau):
+    """Hard copies (the default) every ``target_update_interval`` gradient steps and not between;
+    with ``target_update_tau`` a step of that size towards the online networks after every one."""
+    agent, venv = _agent_on("QMIX", "toy_envs:scripted", {"length": 7}, 2, **{
+        "agents.QMIX.target_update_interval": 3, "agents.QMIX.target_update_tau": tau})
+    venv.close()
+    online = [k for k in agent.modules if "target_" + k in agent.modules]
+    assert set(online) == {"q", "q_head", "mixer"}
+    with torch.no_grad():
+        for name in online:
+            for p in agent.modules[name].parameters():
+                p.add_(torch.randn_like(p))
+    before = {n: [p.clone() for p in agent.modules["target_" + n].parameters()] for n in online}
+    for steps in (1, 2, 3):
+        agent.gradient_steps = steps
+        agent.update_targets()
+        for name in online:
+            targets, sources = list(agent.modules["target_" + name].parameters()), list(agent.modules[name].parameters())
+            if tau is None:
+                expected = sources if steps == 3 else before[name]
+            else:
+                expected = [b + tau * (p - b) for b, p in zip(before[name], sources)]
+                before[name] = expected
+            for t, e in zip(targets, expected):
+                torch.testing.assert_close(t, e)
+
+
 # ---------------------------------------------------------------------- mixers
 
 

@@ -52,6 +52,9 @@ class ValueDecompositionConfig:
     epsilon_finish: float = field(default=0.05, metadata=_range(0.0, 1.0))
     epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
     target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
+    # soft updates instead (EPyMARL's target_update_interval_or_tau below 1): after every gradient
+    # step the targets move this fraction of the way to the online networks; null: hard copies
+    target_update_tau: Optional[float] = field(default=None, metadata=_range(0.0, 1.0))
     double_q: bool = True
     # TD(lambda) targets over each replayed episode (pymarl2's 0.6), which carry a sparse reward back
     # through an episode in one update; 0: one-step targets (EPyMARL's). The one default changed
@@ -226,9 +229,7 @@ class ValueDecompositionAgent(Agent):
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
                           f"group {self.group.name!r} ({self.registered_name})")
             self.gradient_steps += 1
-            if self.gradient_steps % cfg.target_update_interval == 0:
-                for name in [k for k in self.modules if "target_" + k in self.modules]:
-                    self.modules["target_" + name].load_state_dict(self.modules[name].state_dict())
+            self.update_targets()
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + float(v)
             done += 1
@@ -238,6 +239,21 @@ class ValueDecompositionAgent(Agent):
         if done < steps:
             metrics["update_fraction"] = done / steps
         return metrics
+
+    @torch.no_grad()
+    def update_targets(self) -> None:
+        """After a gradient step: every ``target_update_interval`` steps a copy of the online
+        networks, or with ``target_update_tau`` a step of that size towards them."""
+        cfg = self.cfg
+        if cfg.target_update_tau is None and self.gradient_steps % cfg.target_update_interval:
+            return
+        for name in [k for k in self.modules if "target_" + k in self.modules]:
+            if cfg.target_update_tau is None:
+                self.modules["target_" + name].load_state_dict(self.modules[name].state_dict())
+            else:
+                for target, online in zip(self.modules["target_" + name].parameters(),
+                                          self.modules[name].parameters()):
+                    target.lerp_(online, cfg.target_update_tau)
 
     def loss(self, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The TD loss on ``batch_size`` episodes (``EpisodeReplay.sample``: ``[B, L (+ 1), ...]``)."""
