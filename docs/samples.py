@@ -78,8 +78,10 @@ def produce(run: Run) -> dict[str, str]:
         done = subprocess.run(cmd, cwd=cwd, env={**os.environ, **EXACT}, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(run.command)} exited {done.returncode}:\n{done.stderr[-2000:]}")
-        report_path = re.search(r"report: (\S+)", done.stdout)[1]
-        report = json.loads((Path(cwd) / report_path).read_text())
+        found = re.search(r"report: (\S+)", done.stdout)
+        if found is None:
+            raise RuntimeError(f"{' '.join(run.command)} printed no 'report:' line:\n{done.stdout[-2000:]}")
+        report = json.loads((Path(cwd) / found[1]).read_text())
         return {name: make(done.stdout, report) for name, make in run.spans.items()}
 
 
