@@ -70,9 +70,9 @@ def median(samples: list) -> Any:
 
 def measure(sides: dict[str, Callable[[], Any]], repeats: int, label: str = "") -> tuple[dict, dict]:
     """Each side once per repeat, in turn, so that all see the same machine load; one progress line
-    per repeat (a dict sample shows its ``env_steps_per_s``). Returns ``(samples, medians)`` by side."""
+    per repeat (a dict sample shows its ``env_steps_per_s``, else its ``wall_s``). Returns ``(samples, medians)`` by side."""
     def short(v):
-        v = v.get("env_steps_per_s") if isinstance(v, dict) else v
+        v = v.get("env_steps_per_s", v.get("wall_s")) if isinstance(v, dict) else v
         return f"{v:,.1f}" if isinstance(v, (int, float)) else str(v)
 
     samples: dict[str, list] = {name: [] for name in sides}

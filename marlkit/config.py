@@ -95,7 +95,10 @@ class RunnerConfig:
     best_metric: Optional[str] = None
 
     # collect the next rollout while the update runs (policy lag 1); null: on where the envs step
-    # in worker processes (vectorize subprocess or ray, or auto with two envs or more)
+    # in worker processes (vectorize subprocess or ray, or auto with two envs or more). With the envs
+    # in this process nothing runs beside the update (they would take turns for the interpreter
+    # lock): the next rollout is collected after it, with the same weights, so the run learns the
+    # same bits as with one env worker, on one core and without the worker's copies
     overlap: Optional[bool] = None
     # the env worker processes act on their own envs, on the CPU, and send whole rollouts (no round
     # trip per step; the same draws and actions); null: on where they are processes of this machine
@@ -135,12 +138,6 @@ class RunnerConfig:
                 + ("steps the envs in Ray actors, which take the actions of this process" if self.vectorize == "ray"
                    else "steps them in this process")
                 + "; set runner.vectorize: subprocess, or runner.act_in_workers: false")
-        if self.overlap and not self.envs_in_workers():
-            raise ConfigError(
-                f"runner.overlap: true needs envs that step in worker processes, but runner.vectorize: "
-                f"{self.vectorize} with runner.parallels: {self.parallels} steps them in this process, where they "
-                "and the update take turns for the interpreter lock and nothing overlaps; set runner.vectorize: "
-                "subprocess (or ray), or runner.overlap: false")
 
     def test_envs(self, render: bool) -> int:
         """Envs of ``--test``: one when recording (a video follows env 0), else up to one per episode."""

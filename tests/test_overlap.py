@@ -44,15 +44,17 @@ class LagProbe(MAPPO):
 
 
 @pytest.mark.parametrize("overlap, lag", [(True, 1), (False, 0)])
-@pytest.mark.parametrize("in_workers", [True, False])
-def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, lag, in_workers):
+@pytest.mark.parametrize("where", [{"runner.act_in_workers": True}, {"runner.act_in_workers": False},
+                                   {"runner.vectorize": "sync"}], ids=["workers act", "this process acts",
+                                                                        "envs in this process"])
+def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, lag, where):
     """Rollout r is acted on with the weights after update r - 1 - lag (the initial ones before
     that): lag 1 with overlap, lag 0 when collection and update take turns, whether the env workers
-    act or this process does."""
+    act, this process does, or the envs step in this process."""
     LagProbe.collected_with.clear()
     LagProbe.updated.clear()
     marlkit.run(agent="MAPPO_LAG_PROBE", env="mpe_spread", seed=3,
-                **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.act_in_workers": in_workers,
+                **{**tiny, **OVERLAP, "runner.overlap": overlap, **where,
                    "runner.total_steps": 600, "agents.MAPPO_LAG_PROBE.lr": 1e-2})
     updates = 6
     assert len(LagProbe.updated) == updates + 1 and len(set(LagProbe.updated)) == updates + 1   # each one changed them
@@ -109,10 +111,18 @@ def test_overlapped_training_is_deterministic():
     assert runs[0] == runs[1]
 
 
-def test_overlap_with_envs_in_this_process_is_refused_naming_the_fix(tiny):
-    with pytest.raises(ConfigError, match=r"runner.overlap: true needs envs that step in worker processes.*"
-                                          r"runner.vectorize: sync.*set runner.vectorize: subprocess"):
-        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.vectorize": "sync", "runner.overlap": True})
+@pytest.mark.exact
+@pytest.mark.parametrize("env", ["mpe_spread", "lbf_8x8_2p_2f_coop"])
+def test_overlap_with_envs_in_this_process_learns_what_one_env_worker_learns(tiny, env):
+    """With the envs in this process the next rollout is collected after the update instead of beside
+    it, acting with the same weights: the run is the one of a single env worker, bit for bit (a
+    one-core job of a study runs so, without the worker's process and copies)."""
+    common = {**tiny, **OVERLAP, "runner.overlap": True, "runner.total_steps": 800}
+    worker = marlkit.run(agent="MAPPO", env=env, seed=5, **{**common, "runner.workers": 1})
+    here = marlkit.run(agent="MAPPO", env=env, seed=5, **{**common, "runner.vectorize": "sync"})
+    assert_same_training(worker, here)
+    state = pickle.loads(torch.load(here.run_dir / "latest.pt", weights_only=False)["runner"])
+    assert state["updates"] == 8 and state["pending"]["agents"].rollout.full
     # auto: on with worker processes, off without
     from marlkit.config import RunnerConfig
     assert RunnerConfig(vectorize="subprocess").overlapped() and not RunnerConfig(vectorize="sync").overlapped()

@@ -269,14 +269,20 @@ def test_jobs_fill_the_cores_and_memory_and_never_oversubscribe_them():
     runs = [planned(GB // 4) for _ in range(12)]
     sizing = size_jobs(runs, None, cores=2, available=64 * GB)
     assert (sizing.jobs, sizing.cores) == (2, 1)
-    # each job's env workers and torch threads share out the cores: jobs x workers <= cores
-    assert sizing.execution(runs[0]) == {"runner": {"torch_threads": 1, "workers": 1}}
+    # each job's env workers and torch threads share out the cores: jobs x workers <= cores; a job of
+    # one core steps its envs in its own process, with the policy lag its env workers would give
+    assert sizing.execution(runs[0]) == {"runner": {"torch_threads": 1, "vectorize": "sync", "overlap": True,
+                                                    "act_in_workers": None}}
+    unlagged = planned(GB // 4)
+    unlagged.cfg.runner.overlap = False
+    assert sizing.execution(unlagged)["runner"]["overlap"] is False
+    assert size_jobs(runs, 8, cores=16, available=64 * GB).execution(runs[0])["runner"]["workers"] == 2
     assert size_jobs(runs, None, cores=16, available=64 * GB).jobs == 12
     assert size_jobs(runs, 4, cores=16, available=64 * GB).execution(runs[0])["runner"]["workers"] == 4
     assert size_jobs(runs, None, cores=16, available=3 * GB).jobs == 3   # 0.75 GB each within 2.7 GB
     assert size_jobs(runs[:1], None, cores=16, available=64 * GB).execution(runs[0])["runner"]["workers"] == 16
     sync = planned(GB // 4, "sync", None)
-    assert "workers" not in Sizing(2, 1).execution(sync)["runner"]
+    assert Sizing(2, 1).execution(sync) == {"runner": {"torch_threads": 1}}
     with pytest.raises(Exception, match=r"--jobs 3: this machine has 2 cores"):
         size_jobs(runs, 3, cores=2, available=64 * GB)
     with pytest.raises(Exception, match=r"--jobs 4: each run needs about 0.8 GB and 3.0 GB of memory is available, "

@@ -45,10 +45,6 @@ class Learner:
         except BaseException as exc:   # re-raised in the main thread by finish()
             self._error = exc
 
-    @property
-    def running(self) -> bool:
-        return self._thread is not None
-
     def finish_quietly(self) -> bool:
         """Wait for the update while another error unwinds; -> whether it finished without one of
         its own (which gives way to the other)."""

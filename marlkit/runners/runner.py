@@ -277,7 +277,8 @@ class Runner:
         collecting = WorkerCollector if rc.acts_in_workers() else Collector
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
-        learner = Learner(self.agents, learners, background=overlap)
+        # with the envs in this process, the update and the next rollout take turns instead
+        learner = Learner(self.agents, learners, background=overlap and rc.envs_in_workers())
         bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
                           desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         clock = {"t": time.perf_counter(), "steps": state.steps}   # of the last log line
@@ -290,7 +291,7 @@ class Runner:
             if eval_venv is not None and state.steps >= state.next_eval:
                 self._evaluate(state, eval_venv, result, stop)
             while state.steps < rc.total_steps:
-                metrics = self._next_update(state, collector, learner, per_update, stop)
+                metrics = self._next_update(state, collector, learner, per_update, overlap, stop)
                 bar.update(per_update)
                 result.metrics = metrics
                 if state.steps >= state.next_log or state.steps >= rc.total_steps:
@@ -337,10 +338,12 @@ class Runner:
         result.metrics["perf/wall_time_s"] = before + elapsed
 
     def _next_update(self, state: TrainState, collector: Collector, learner: Learner, per_update: int,
-                     stop: StopRequest) -> dict[str, float]:
+                     overlap: bool, stop: StopRequest) -> dict[str, float]:
         """One update on the rollout collected last (collected now, unless it waits in
-        ``state.pending``), with the next rollout collected beside it when the learner runs in the
-        background; -> the update's metrics and the recent episodes' returns and statistics."""
+        ``state.pending``), with ``overlap`` the next rollout collected beside it (after it where the
+        learner does not run in the background: the collector acts with the weights of before the
+        update until ``sync``, so the rollout is the same); -> the update's metrics and the recent
+        episodes' returns and statistics."""
         total = self.cfg.runner.total_steps
         collected = state.pending or collector.collect(state, Progress(state.steps, total))
         steps = state.steps + per_update
@@ -350,7 +353,7 @@ class Runner:
         # on exactly as one that never stopped
         pending = None
         try:
-            if learner.running:
+            if overlap:
                 pending = collector.collect(state, Progress(steps, total))
         except Exception:
             # the update goes on to its end; a failure then finds the run at the boundary after it
