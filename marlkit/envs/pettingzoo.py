@@ -2,7 +2,8 @@
 :class:`~marlkit.envs.core.MultiAgentEnv`.
 
 Agents are assigned to groups (``env.groups`` patterns, or by default one group ``agents`` when all
-spaces match, else one group per name prefix such as ``adversary``/``agent``). Action masks come
+spaces match or ``env.pad_spaces`` pads them to one, else one group per name prefix such as
+``adversary``/``agent``). Action masks come
 from an ``action_mask`` entry of a Dict observation or of the agent's info; the global state from
 ``env.state()`` when the env declares a ``state_space``, else a default built from the agents'
 observations (:func:`default_state`), also when ``state()`` is an image: a screen holds nothing a
@@ -42,6 +43,10 @@ class PettingZooConfig(EnvConfig):
     # step a ParallelEnv made from an AEC env without PettingZoo's order and action-bounds checks
     # (see without_check_wrappers)
     strip_checks: bool = True
+    # a group may hold agents of different spaces (a team of unlike agents under one mixer or one
+    # critic): flat observations zero-padded to the longest, Discrete actions to the most, each
+    # agent's own actions alone allowed by its action mask (pad_group_spaces)
+    pad_spaces: bool = False
 
 
 def import_factory(path: str) -> Callable:
@@ -128,6 +133,27 @@ def _channels_first(images: np.ndarray) -> np.ndarray:
     return resize_images(images[:, :h * fh, :w * fw], (h, w))
 
 
+def pad_group_spaces(group: str, names: list[str], obs_spaces: dict, act_spaces: dict) -> tuple[spaces.Box, spaces.Discrete]:
+    """One observation and one action space for agents whose own differ (``env.pad_spaces``): a flat
+    Box as long as the longest observation (each agent's in its first entries, zeros after) and a
+    Discrete of the most choices (an agent's action mask allows its own). Other spaces are refused."""
+    for name in names:
+        obs, act = obs_spaces[name], act_spaces[name]
+        if not isinstance(obs, spaces.Box) or len(obs.shape) > 2:
+            raise ConfigError(f"env.pad_spaces: agent {name!r} of group {group!r} observes {obs}; only flat (or 2-D) "
+                              "Box observations are padded: give agents with images a group of their own (env.groups)")
+        if not isinstance(act, spaces.Discrete):
+            raise ConfigError(f"env.pad_spaces: agent {name!r} of group {group!r} acts in {act}; only Discrete actions "
+                              "are padded: give it a group of its own (env.groups)")
+    width = max(int(np.prod(obs_spaces[n].shape)) for n in names)
+    low, high = np.zeros(width, np.float32), np.zeros(width, np.float32)
+    for n in names:
+        size = int(np.prod(obs_spaces[n].shape))
+        low[:size] = np.minimum(low[:size], obs_spaces[n].low.reshape(-1))
+        high[:size] = np.maximum(high[:size], obs_spaces[n].high.reshape(-1))
+    return spaces.Box(low, high, dtype=np.float32), spaces.Discrete(max(int(act_spaces[n].n) for n in names))
+
+
 def _prefix(agent: str) -> str:
     return re.sub(r"_?\d+$", "", agent) or agent
 
@@ -179,12 +205,12 @@ class PettingZooEnv(MultiAgentEnv):
         if cfg.strip_checks:
             env = without_check_wrappers(env)
         adapter = cls(env, groups=cfg.groups, state=cfg.state, max_episode_steps=cfg.max_episode_steps,
-                      check_api=cfg.check_api)
+                      check_api=cfg.check_api, pad_spaces=cfg.pad_spaces)
         adapter.exact_resume = cfg.exact_resume
         return adapter
 
     def __init__(self, env, groups: dict[str, list[str]] | None = None, state: str = "auto",
-                 max_episode_steps: int | None = None, check_api: bool = True):
+                 max_episode_steps: int | None = None, check_api: bool = True, pad_spaces: bool = False):
         if not hasattr(env, "possible_agents") or not hasattr(env, "step"):
             raise ConfigError(f"env factory returned {type(env).__name__}, not a PettingZoo ParallelEnv or AECEnv "
                               "(it needs possible_agents, reset, step)")
@@ -202,13 +228,18 @@ class PettingZooEnv(MultiAgentEnv):
             return all(self._obs_space[m] == self._obs_space[members[0]] and act_space[m] == act_space[members[0]]
                        for m in members)
 
-        members = assign_groups(agents, groups, same_spaces)
+        members = assign_groups(agents, groups, (lambda _: True) if pad_spaces else same_spaces)
+        self.groups, self._padded = {}, {}   # _padded: agent -> its flat observation's length
         for g, names in members.items():
-            if not same_spaces(names):
+            if same_spaces(names):
+                self.groups[g] = GroupSpec(g, names, self._obs_space[names[0]], act_space[names[0]])
+            elif pad_spaces:
+                self.groups[g] = GroupSpec(g, names, *pad_group_spaces(g, names, self._obs_space, act_space))
+                self._padded.update({a: int(np.prod(self._obs_space[a].shape)) for a in names})
+            else:
                 raise ConfigError(f"env.groups: agents of group {g!r} ({names}) have different spaces; "
-                                  "split them with env.groups, one group per space")
-        self.groups = {g: GroupSpec(g, names, self._obs_space[names[0]], act_space[names[0]])
-                       for g, names in members.items()}
+                                  "split them with env.groups, one group per space, or set env.pad_spaces: true "
+                                  "to pad them to one")
         self._slot = {a: (g, i) for g, gs in self.groups.items() for i, a in enumerate(gs.agents)}
 
         state_space = getattr(env, "state_space", None)
@@ -218,7 +249,7 @@ class PettingZooEnv(MultiAgentEnv):
         if self._env_state:
             state_shape, state_dtype = tuple(env.state_space.shape), np.dtype(np.float32)
         else:
-            slots = [self._obs_space[a] for gs in self.groups.values() for a in gs.agents]
+            slots = [gs.observation_space for gs in self.groups.values() for _ in gs.agents]
             mode = "concat" if state == "concat" else "auto"   # state: env without a state(): as auto
             state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
@@ -266,17 +297,23 @@ class PettingZooEnv(MultiAgentEnv):
             if self.check_api and not self._checked_first_episode and not space.contains(value.astype(space.dtype)):
                 raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} lies outside its "
                                   f"observation_space {space} (set env.check_api: false to skip this check)")
-            out.obs[g][i] = value
             out.agent_mask[g][i] = agent in live
-            if mask is not None and self.groups[g].n_actions:
+            n_actions = self.groups[g].n_actions
+            if agent in self._padded:
+                out.obs[g][i, :self._padded[agent]] = value.reshape(-1)
+                n_actions = int(self._act_space[agent].n)
+                out.action_mask[g][i, n_actions:] = False
+            else:
+                out.obs[g][i] = value
+            if mask is not None and n_actions:
                 mask = np.asarray(mask, dtype=bool)
-                if mask.shape != (self.groups[g].n_actions,):
+                if mask.shape != (n_actions,):
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} has shape {mask.shape}, "
-                                      f"expected ({self.groups[g].n_actions},)")
+                                      f"expected ({n_actions},)")
                 if agent in live and not mask.any():
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
                 if mask.any():   # a waiting player of a turn-based game has no legal move: nothing to mask
-                    out.action_mask[g][i] = mask
+                    out.action_mask[g][i, :n_actions] = mask
         if self._env_state:
             out.state[:] = self._env_state_now()
         elif self._stacked_state:
