@@ -75,6 +75,52 @@ def interrupted_when(ready, args: list[str], environ: dict) -> tuple[subprocess.
     return proc, out, err
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, read from /proc."""
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    below, frontier = [], [pid]
+    while frontier:
+        frontier = [p for p, pp in parent.items() if pp in frontier]
+        below += frontier
+    return below
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_study_killed_outright_leaves_no_run_behind(tmp_path):
+    """SIGKILL to the study process alone: the job server it forked its runs from ends with it, and
+    each run, sent SIGTERM then, saves where it stands and exits; no process of the study is left."""
+    env = tmp_path / "signal.yaml"
+    env.write_text("description: two agents paid for naming the signal both\n"
+                   "env: {type: pettingzoo, factory: 'toy_envs:signal', kwargs: {n: 5, length: 5}}\n")
+    root = tmp_path / "runs"
+    args = study_args(str(env), root, "runner.total_steps=1000000", "runner.save_interval=1000000", seeds=[1])
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": TESTS})
+    logs = [root / "studies" / "tiny" / "logs" / f"signal.{agent}.seed1.log" for agent in AGENTS]
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not all(log.is_file() and "steps (" in log.read_text() for log in logs):
+        time.sleep(0.2)
+    below = descendants(proc.pid)
+    assert len(below) >= 3, "the job server and two runs"
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in below):
+        time.sleep(0.2)
+    assert not [p for p in below if Path(f"/proc/{p}").exists()]
+    for agent, log in zip(AGENTS, logs):
+        steps = read_steps(root / "studies" / "tiny" / "signal" / agent / "seed1" / "latest.pt")
+        assert 0 < steps < 1_000_000
+        assert f"interrupted; saved {log.parents[1] / 'signal' / agent / 'seed1' / 'latest.pt'} (step {steps} of" \
+            in log.read_text()
+
+
 @pytest.fixture(scope="module")
 def killed_and_rerun(tmp_path_factory):
     """The study killed (SIGINT to its process group, as a terminal's Ctrl+C) once two runs are

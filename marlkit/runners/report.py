@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +22,12 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
               "wall_time_s": result.metrics.get("perf/wall_time_s"),
               "best": best, "final": evals[-1] if evals else None, "baseline": baseline, "evaluations": evals,
               "best_checkpoint": str(result.run_dir / "best.pt")}
-    (result.run_dir / "benchmark.json").write_text(json.dumps(report, indent=2))
     _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png")
+    # last and whole (a study takes a run with benchmark.json for finished): a run stopped while
+    # it reports leaves none, and reports again when resumed
+    partial = result.run_dir / "benchmark.json.partial"
+    partial.write_text(json.dumps(report, indent=2))
+    os.replace(partial, result.run_dir / "benchmark.json")
     print(f"\nbenchmark: {cfg.agent} on {Path(cfg.env_name).stem}, {result.steps} env steps, "
           f"{report['env_steps_per_s'] or 0:.0f} env-steps/s")
     print(f"  mean ± 95% interval over {evals[-1]['episodes'] if evals else 0} episodes per evaluation")

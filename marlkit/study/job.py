@@ -1,4 +1,5 @@
-"""One run of a study, in a process of its own: ``python -m marlkit.study.job RUN_DIR REQUEST``.
+"""One run of a study, in a process of its own: forked from the study's job server
+(``scheduler.LocalJobs``), or ``python -m marlkit.study.job RUN_DIR REQUEST`` (a Ray task's).
 
 ``REQUEST`` is JSON: ``agent``, ``env``, ``seed``, ``overrides`` (the study's ``set``) and
 ``execution`` (settings of this process alone, ``runner.workers`` and ``runner.torch_threads``, which
@@ -17,6 +18,11 @@ import sys
 from pathlib import Path
 
 from marlkit.cli import exit_code
+
+# What every run imports, imported once by the study's job server before it forks the runs
+# (scheduler.LocalJobs): torch alone takes seconds. Env packages are left to each run: one that
+# starts a thread when imported would make forking from the server unsafe.
+PRELOAD = ["marlkit.api", "marlkit.runners.runner", "torch.utils.tensorboard"]
 
 
 def build(run_dir: Path, request: dict):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -134,27 +135,62 @@ def _answer_sigint() -> None:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM (stop and save, as marlkit runs do) when the study process
-    dies, so that a study killed outright leaves no run training unseen."""
-    _answer_sigint()
+    """SIGTERM (stop and save, as marlkit runs do) when the parent process dies, so that a study
+    killed outright leaves no run training unseen."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
+def _let_go_of_the_server() -> None:
+    """The forkserver lives while any process holds the write end of its "alive" pipe, and it hands
+    that end to every process it forks. A run that kept it would keep the server alive after the
+    study died, and so itself (it stops when the server goes). A multiprocessing forkserver the run
+    wanted would be one of its own."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if server._forkserver_alive_fd is not None:
+        os.close(server._forkserver_alive_fd)
+    server._forkserver_alive_fd = server._forkserver_address = server._forkserver_pid = None
+
+
+def _forked_job(run_dir: str, request: str, log: str) -> None:
+    """A run's process, forked from the study's job server: in a session of its own (a terminal's
+    Ctrl+C reaches the study alone), its output appended to ``log``, SIGINT its Ctrl+C (the server
+    ignores it), and stopped with SIGTERM when the server, which ends with the study, is gone."""
+    os.setsid()
+    out, null = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644), os.open(os.devnull, os.O_RDONLY)
+    for fd, target in ((null, 0), (out, 1), (out, 2)):
+        os.dup2(fd, target)
+    os.close(out), os.close(null)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _let_go_of_the_server()
+    _die_with_parent()
+    from marlkit.study import job
+    sys.exit(job.main([run_dir, request]))
+
+
 class LocalJobs:
-    """Runs as processes of this machine, each in a session of its own: a terminal's Ctrl+C reaches
-    the study alone, which passes exactly one SIGINT to each run (a second one would stop a run
-    without saving)."""
+    """Runs as processes of this machine, forked from a job server that imported torch and marlkit
+    once (multiprocessing's forkserver; spawn where there is none), so that a run starts in a
+    fraction of a second, not the seconds those imports take. Each is in a session of its own: a
+    terminal's Ctrl+C reaches the study alone, which passes exactly one SIGINT to each run (a
+    second one would stop a run without saving)."""
 
     def __init__(self):
-        self.procs: dict[str, subprocess.Popen] = {}
+        from marlkit.study import job
+        method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+        self.context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            self.context.set_forkserver_preload(job.PRELOAD)
+        self.procs: dict[str, multiprocessing.process.BaseProcess] = {}
         self.signalled: dict[str, int] = {}
 
     def start(self, run: PlannedRun, request: dict, log: Path, cpus: int) -> None:
-        with log.open("ab") as out:
-            self.procs[run.key] = subprocess.Popen(_job_command(run, request), stdout=out, stderr=subprocess.STDOUT,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True,
-                                                   preexec_fn=_die_with_parent)
+        proc = self.context.Process(target=_forked_job, args=(str(run.run_dir), json.dumps(request), str(log)),
+                                    name=f"marlkit-study-{run.key}")
+        proc.start()
+        self.procs[run.key] = proc
 
     def running(self) -> int:
         return len(self.procs)
@@ -162,10 +198,10 @@ class LocalJobs:
     def finished(self, timeout: float) -> list[tuple[str, int]]:
         deadline = time.monotonic() + timeout
         while True:
-            done = [(key, p.returncode) for key, p in self.procs.items() if p.poll() is not None]
+            done = [(key, p.exitcode) for key, p in self.procs.items() if p.exitcode is not None]
             if done or not self.procs or time.monotonic() >= deadline:
                 for key, _ in done:
-                    del self.procs[key]
+                    self.procs.pop(key).close()
                 return [(key, _exit_code(code)) for key, code in done]
             time.sleep(0.1)
 
@@ -173,13 +209,13 @@ class LocalJobs:
         """Each running process has had ``times`` SIGINTs (the first: stop and save; the second: stop
         at once), however many of them reached it before."""
         for key, proc in list(self.procs.items()):
-            while proc.poll() is None and self.signalled.get(key, 0) < times:
-                proc.send_signal(signal.SIGINT)
+            while proc.exitcode is None and self.signalled.get(key, 0) < times:
+                os.kill(proc.pid, signal.SIGINT)
                 self.signalled[key] = self.signalled.get(key, 0) + 1
 
     def close(self) -> None:
         for proc in self.procs.values():
-            proc.wait()
+            proc.join()
 
 
 def _ray_job(command: list[str], log: str, environ: dict, stop: str) -> int:
@@ -257,13 +293,6 @@ class RayJobs:
 # ---------------------------------------------------------------------- the study
 
 
-class StudyBar(tqdm):
-    """tqdm without its monitor thread: runs start through ``preexec_fn``, which is safe only in a
-    process with no other thread."""
-
-    monitor_interval = 0
-
-
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
@@ -315,7 +344,7 @@ def run_study(spec: StudySpec, runs: list[PlannedRun], pool, sizing: Sizing) -> 
              else f"up to {sizing.jobs} at once as Ray tasks, each reserving its run's CPUs")
     print(f"study {spec.name}: {len(runs)} runs ({done} finished, {resume} to resume, {len(queue) - resume} to "
           f"start), {where}; {spec.root}", flush=True)
-    bar = StudyBar(total=len(runs), initial=done, unit="run", desc=f"study {spec.name}", dynamic_ncols=True,
+    bar = tqdm(total=len(runs), initial=done, unit="run", desc=f"study {spec.name}", dynamic_ncols=True,
                    disable=not sys.stderr.isatty())
     by_key = {run.key: run for run in runs}
     started: dict[str, tuple[float, int, str]] = {}
