@@ -172,8 +172,8 @@ def _forked_job(run_dir: str, request: str, log: str) -> None:
 
 class LocalJobs:
     """Runs as processes of this machine, forked from a job server that imported torch and marlkit
-    once (multiprocessing's forkserver; spawn where there is none), so that a run starts in a
-    fraction of a second, not the seconds those imports take. Each is in a session of its own: a
+    once (multiprocessing's forkserver; spawn where there is none), so that the runs do not each
+    pay for those imports (docs/studies.md measures it). Each is in a session of its own: a
     terminal's Ctrl+C reaches the study alone, which passes exactly one SIGINT to each run (a
     second one would stop a run without saving)."""
 
