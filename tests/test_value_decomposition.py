@@ -241,6 +241,23 @@ def test_qmix_is_monotonic_and_leaves_absent_agents_out():
     torch.testing.assert_close(mixer(other, state, present), mixer(q.detach(), state, present))
 
 
+def test_qmix_state_norm_makes_the_mix_blind_to_the_state_scale():
+    """With ``state_norm`` the hypernetworks read the state normalised: the same state shifted and
+    scaled (MPE's positions after a drift) mixes the same Q-values to the same team Q; without it
+    the team Q moves with the scale."""
+    torch.manual_seed(0)
+    state = torch.randn(5, 4, 6)
+    q = torch.randn(5, 4, 3)
+    present = torch.ones(5, 4, 3, dtype=torch.bool)
+    far = 50.0 * state + 7.0
+    normed = QMixer(state_dim=6, n_agents=3, embed_dim=8, state_norm=True)
+    torch.testing.assert_close(normed(q, far, present), normed(q, state, present), atol=1e-4, rtol=1e-4)
+    plain = QMixer(state_dim=6, n_agents=3, embed_dim=8)
+    assert (plain(q, far, present) - plain(q, state, present)).abs().max() > 1.0
+    cfg = build_config(agent="QMIX", env="mpe_spread")
+    assert cfg.agents["QMIX"].state_norm is True                      # the packaged mpe_spread turns it on
+
+
 @pytest.mark.parametrize("td_lambda", [0.0, 0.6])
 @pytest.mark.parametrize("agent_name", FAMILY)
 def test_masked_slots_never_affect_learning(agent_name, td_lambda):

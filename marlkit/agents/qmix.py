@@ -18,6 +18,9 @@ class QMIXConfig(ValueDecompositionConfig):
     mixing_embed_dim: int = field(default=32, metadata={"min": 1})
     hypernet_layers: int = field(default=2, metadata={"min": 1, "max": 2})
     hypernet_embed: int = field(default=64, metadata={"min": 1})
+    # normalise the state the hypernetworks read (EPyMARL: no); on mpe_spread, whose positions are
+    # unbounded, QMIX diverged without it (docs/algorithms.md)
+    state_norm: bool = False
 
 
 @register_agent("QMIX")
@@ -33,4 +36,4 @@ class QMIX(ValueDecompositionAgent):
     def build_mixer(self) -> nn.Module:
         cfg = self.cfg
         return QMixer(flat_size(self.state_shape), self.n_agents, cfg.mixing_embed_dim, cfg.hypernet_layers,
-                      cfg.hypernet_embed)
+                      cfg.hypernet_embed, cfg.state_norm)

@@ -22,12 +22,16 @@ class QMixer(nn.Module):
     values), so that Q_tot grows with every agent's Q and each agent's greedy action is the team's.
 
     ``hypernet_layers`` 1 or 2 (EPyMARL's default 2, with ``hypernet_embed`` hidden units), the
-    mixing layer ``embed_dim`` wide; the state is flattened."""
+    mixing layer ``embed_dim`` wide; the state is flattened, and with ``state_norm`` normalised
+    (zero mean, unit variance over its features, as a LayerNorm without gain) before the
+    hypernetworks read it: a state that grows without bound (MPE's positions) otherwise grows the
+    mixing weights with it, and the team's Q diverges where bootstrapping never ends."""
 
     def __init__(self, state_dim: int, n_agents: int, embed_dim: int = 32, hypernet_layers: int = 2,
-                 hypernet_embed: int = 64):
+                 hypernet_embed: int = 64, state_norm: bool = False):
         super().__init__()
         self.n_agents, self.embed_dim = n_agents, embed_dim
+        self.state_norm = nn.LayerNorm(state_dim, elementwise_affine=False) if state_norm else nn.Identity()
 
         def hyper(out: int) -> nn.Module:
             if hypernet_layers == 1:
@@ -41,7 +45,7 @@ class QMixer(nn.Module):
 
     def forward(self, q: torch.Tensor, state: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
         lead = q.shape[:-1]
-        s = state.reshape(*lead, -1).float()
+        s = self.state_norm(state.reshape(*lead, -1).float())
         q = torch.where(present, q, 0.0).unsqueeze(-2)                                   # [..., 1, A]
         w1 = self.hyper_w1(s).abs().reshape(*lead, self.n_agents, self.embed_dim)        # [..., A, E]
         hidden = nn.functional.elu(q @ w1 + self.hyper_b1(s).unsqueeze(-2))             # [..., 1, E]
