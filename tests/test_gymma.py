@@ -15,7 +15,7 @@ import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.factory import make_env
 from marlkit.envs.gymma import GymmaConfig, GymmaEnv, make_gymma
-from marlkit.envs.vector import SyncVectorEnv, dumps_state
+from marlkit.envs.vector import EpisodeStatistics, SyncVectorEnv, dumps_state
 
 pytest.importorskip("lbforaging")
 pytest.importorskip("rware")
@@ -59,7 +59,7 @@ def test_the_time_limit_is_a_truncation_that_keeps_the_final_observation():
     """LBF reports its own 50-step limit as a termination; here the 50th step is a truncation, and
     the vector env's final observation is the episode's last one (agents that never move see the
     first again), not the next episode's first."""
-    venv = SyncVectorEnv([lambda: make_env(GymmaConfig(id=LBF))])
+    venv = EpisodeStatistics(SyncVectorEnv([lambda: make_env(GymmaConfig(id=LBF))]))
     first = venv.reset(seed=4).obs["agents"][0].copy()
     for t in range(1, 51):
         res = venv.step({"agents": np.full((1, 2), NONE)})

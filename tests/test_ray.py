@@ -25,7 +25,7 @@ import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
 from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, _cmdline, loopback_cluster
-from marlkit.envs.vector import _LIVE, SyncVectorEnv
+from marlkit.envs.vector import _LIVE, EpisodeStatistics, SyncVectorEnv
 from test_doom_cleanup import descendants, is_engine
 from test_doom import gone_within, work_folders
 from test_vector import fns, trajectory
@@ -82,8 +82,8 @@ def test_nodes_and_their_servers_listen_on_loopback_only(cluster):
 
 
 def test_env_workers_land_on_two_nodes_and_step_like_in_process_envs(cluster):
-    expected = trajectory(SyncVectorEnv(fns(5, length=7)))
-    venv = RayVectorEnv(fns(5, length=7), num_workers=2)
+    expected = trajectory(EpisodeStatistics(SyncVectorEnv(fns(5, length=7))))
+    venv = EpisodeStatistics(RayVectorEnv(fns(5, length=7), num_workers=2))
     try:
         assert len({node for node, _, _ in venv.nodes}) == 2
         got = trajectory(venv)
@@ -170,7 +170,7 @@ def _cluster_node(cluster, node_id: str):
 def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_named(cluster):
     spare = cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
     cluster.wait_for_nodes()
-    venv = RayVectorEnv(fns(4, length=50), num_workers=2, timeout=30)
+    venv = EpisodeStatistics(RayVectorEnv(fns(4, length=50), num_workers=2, timeout=30))
     try:
         venv.reset(seed=1)
         actions = {"agents": np.zeros((4, 3), np.int64)}

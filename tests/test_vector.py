@@ -13,7 +13,7 @@ import pytest
 from conftest import assert_close_training, assert_same_training
 from marlkit.envs.core import EnvWorkerError
 from marlkit.envs.pettingzoo import PettingZooConfig
-from marlkit.envs.vector import SubprocVectorEnv, SyncVectorEnv
+from marlkit.envs.vector import EpisodeStatistics, SubprocVectorEnv, SyncVectorEnv
 from marlkit.envs.factory import _EnvBuilder
 import functools
 
@@ -36,12 +36,12 @@ def trajectory(venv, steps=40, seed=7):
 
 
 def test_sync_and_subprocess_give_identical_trajectories():
-    sync = SyncVectorEnv(fns(5, length=7))
+    sync = EpisodeStatistics(SyncVectorEnv(fns(5, length=7)))
     try:
         a = trajectory(sync)
     finally:
         sync.close()
-    sub = SubprocVectorEnv(fns(5, length=7), num_workers=2, timeout=30)
+    sub = EpisodeStatistics(SubprocVectorEnv(fns(5, length=7), num_workers=2, timeout=30))
     try:
         b = trajectory(sub)
     finally:
@@ -56,7 +56,8 @@ def test_jobs_go_on_from_a_restored_state_where_they_were_saved():
     state holds them, and restoring it puts them back in the workers, beside the envs."""
     from toy_envs import TrajectoryJob
     builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:scripted", kwargs={"length": 7}, exact_resume=True))
-    venv = SubprocVectorEnv([functools.partial(builder, i) for i in range(5)], num_workers=2, timeout=30)
+    venv = EpisodeStatistics(SubprocVectorEnv([functools.partial(builder, i) for i in range(5)], num_workers=2,
+                                              timeout=30))
     try:
         venv.reset(seed=3)
         venv.install_jobs([TrajectoryJob() for _ in venv.blocks])
@@ -85,7 +86,7 @@ def test_auto_vectorize_uses_a_worker_per_env_from_two_envs_on():
     for num_envs, kind in ((1, SyncVectorEnv), (2, SubprocVectorEnv)):
         venv = make_vector_env(builder, num_envs, "auto", timeout=30)
         try:
-            assert type(venv) is kind and venv.num_envs == num_envs
+            assert type(venv.venv) is kind and venv.num_envs == num_envs
             assert venv.reset(seed=0).obs["agents"].shape[0] == num_envs
         finally:
             venv.close()
@@ -109,7 +110,8 @@ def test_auto_reset_and_final_observation():
 @pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
 def test_episode_stats_of_each_env_arrive_with_its_episode_end(vectorize):
     make = fns(3, "toy_envs:stats", length=4)
-    venv = SyncVectorEnv(make) if vectorize == "sync" else SubprocVectorEnv(make, num_workers=2, timeout=30)
+    venv = EpisodeStatistics(SyncVectorEnv(make) if vectorize == "sync" else
+                             SubprocVectorEnv(make, num_workers=2, timeout=30))
     try:
         venv.reset(seed=0)
         seen = []

@@ -42,7 +42,7 @@ import numpy as np
 
 from marlkit.envs.core import EnvSpec, EnvWorkerError, MultiAgentEnv, Observation, StepResult
 from marlkit.envs.sentinel import disarm, kill_when_gone
-from marlkit.envs.vector import _LIVE, VectorEnv, _Arrays, _seeds, action_shapes, dumps_state
+from marlkit.envs.vector import _LIVE, EpisodeStatistics, VectorEnv, _Arrays, _seeds, action_shapes, dumps_state
 from marlkit.errors import ConfigError
 
 RAY_PIN = "ray==2.60.0"
@@ -365,7 +365,6 @@ class RayVectorEnv(VectorEnv):
     def __init__(self, env_fns: list[Callable[[], MultiAgentEnv]], num_workers: int | None = None,
                  cpus_per_worker: float = 1.0, address: str | None = None, timeout: float = 60.0,
                  start_timeout: float = 120.0, max_restarts: int = 3):
-        super().__init__()
         ray = self.ray = import_ray()
         self.env_fns = env_fns
         self.num_envs = len(env_fns)
@@ -542,7 +541,7 @@ class RayVectorEnv(VectorEnv):
                 arrays = self._restart(w, exc)
             self._put(w, arrays)
         self._lost.clear()
-        return self._start(self.arrays.observation("next"))
+        return self.arrays.observation("next")
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         ray = self.ray
@@ -569,10 +568,8 @@ class RayVectorEnv(VectorEnv):
         result = self._finish(self.arrays, ended)
         if lost:
             result.lost = np.zeros(self.num_envs, bool)
-        for w in lost:   # a cut episode is no episode: its return would be partial
+        for w in lost:
             result.lost[self.blocks[w]] = True
-            for e in range(self.blocks[w].start, self.blocks[w].stop):
-                result.infos[e].pop("episode", None)
         return result
 
     def _cut(self, w: int, fresh: dict) -> None:
@@ -598,7 +595,7 @@ class RayVectorEnv(VectorEnv):
         w = next(w for w, b in enumerate(self.blocks) if b.start <= index < b.stop)
         return self._get([self.actors[w].render.remote(index - self.blocks[w].start)], "rendering", workers=[w])[0]
 
-    def _env_states(self) -> list[bytes | None]:
+    def env_states(self) -> list[bytes | None]:
         """Every env's state; an actor lost meanwhile has none to give (the checkpoint then resumes
         with fresh episodes), and is replaced at the next step, which cuts its envs' episodes."""
         refs, out = [actor.get_state.remote() for actor in self.actors], []
@@ -610,7 +607,7 @@ class RayVectorEnv(VectorEnv):
                 out += [None] * (self.blocks[w].stop - self.blocks[w].start)
         return out
 
-    def _load_env_states(self, blobs: list[bytes]) -> None:
+    def load_env_states(self, blobs: list[bytes]) -> None:
         self._get([actor.set_state.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
                   "restoring env state")
 
@@ -644,12 +641,13 @@ class RayVectorEnv(VectorEnv):
 
 def make_ray_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, num_workers: int | None,
                         cpus_per_worker: float, address: str | None, timeout: float, start_timeout: float,
-                        max_restarts: int, first_index: int = 0) -> RayVectorEnv:
+                        max_restarts: int, first_index: int = 0) -> EpisodeStatistics:
     """``env_fn(first_index + i)`` builds env ``i`` on whichever node its actor lands; it must be
-    picklable, and the env's package installed on every node."""
+    picklable, and the env's package installed on every node. Wrapped in ``EpisodeStatistics``."""
     import functools
     fns = [functools.partial(env_fn, first_index + i) for i in range(num_envs)]
-    return RayVectorEnv(fns, num_workers, cpus_per_worker, address, timeout, start_timeout, max_restarts)
+    return EpisodeStatistics(RayVectorEnv(fns, num_workers, cpus_per_worker, address, timeout, start_timeout,
+                                          max_restarts))
 
 
 def main(argv: list[str] | None = None) -> None:

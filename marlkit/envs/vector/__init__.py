@@ -1,10 +1,10 @@
 """Vector envs: E copies of a :class:`MultiAgentEnv`, batched to ``[E, A_g, ...]``, with auto-reset.
 
 One idea per module: ``arrays`` (the step's arrays, shared memory), ``state`` (env state for an
-exact resume), ``episode_stats`` (episode returns and lengths), ``base`` (what every backend
-shares), ``sync`` (in this process), ``subprocess`` (worker processes, and jobs run on their own
-envs: the runner's acting, ``runner.act_in_workers``); ``marlkit/envs/ray_vector.py`` is the Ray
-backend.
+exact resume), ``base`` (what every backend shares), ``sync`` (in this process), ``subprocess``
+(worker processes, and jobs run on their own envs: the runner's acting, ``runner.act_in_workers``);
+``marlkit/envs/ray_vector.py`` is the Ray backend. ``episode_stats`` counts episode returns and
+lengths in a wrapper that the constructors put around whichever backend.
 """
 from __future__ import annotations
 
@@ -14,28 +14,28 @@ from typing import Callable
 from marlkit.envs.core import MultiAgentEnv
 from marlkit.envs.vector.arrays import _Arrays, action_shapes
 from marlkit.envs.vector.base import _LIVE, VectorEnv, _seeds
-from marlkit.envs.vector.episode_stats import EpisodeStats
+from marlkit.envs.vector.episode_stats import EpisodeStatistics, EpisodeStats
 from marlkit.envs.vector.state import dumps_state
 from marlkit.envs.vector.subprocess import SubprocVectorEnv, resolve_start_method
 from marlkit.envs.vector.sync import SyncVectorEnv
 
-__all__ = ["EpisodeStats", "SubprocVectorEnv", "SyncVectorEnv", "VectorEnv", "action_shapes", "dumps_state",
+__all__ = ["EpisodeStatistics", "EpisodeStats", "SubprocVectorEnv", "SyncVectorEnv", "VectorEnv", "action_shapes", "dumps_state",
            "make_vector_env", "resolve_start_method", "_Arrays", "_LIVE", "_seeds"]
 
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",
                     num_workers: int | None = None, timeout: float = 60.0, start_method: str = "auto",
-                    start_timeout: float = 120.0, first_index: int = 0, align: int = 1) -> VectorEnv:
+                    start_timeout: float = 120.0, first_index: int = 0, align: int = 1) -> EpisodeStatistics:
     """``env_fn(first_index + i)`` builds env ``i``; it must be picklable for
     ``vectorize='subprocess'``, whose workers hold whole blocks of ``align`` envs. ``'auto'`` is
     ``'subprocess'`` for two envs or more and ``'sync'`` for one, for envs whose own process already
     isolates the work and answers within a timeout (Unity): a worker for a single env only adds a
-    round trip per step."""
+    round trip per step. The backend comes wrapped in ``EpisodeStatistics``."""
     fns = [functools.partial(env_fn, first_index + i) for i in range(num_envs)]
     if vectorize == "auto":
         vectorize = "subprocess" if num_envs > 1 else "sync"
     if vectorize == "sync":
-        return SyncVectorEnv(fns)
+        return EpisodeStatistics(SyncVectorEnv(fns))
     if vectorize == "subprocess":
-        return SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout, align)
+        return EpisodeStatistics(SubprocVectorEnv(fns, num_workers, timeout, start_method, start_timeout, align))
     raise ValueError(f"runner.vectorize: unknown {vectorize!r}; choose 'sync', 'subprocess' or 'auto'")

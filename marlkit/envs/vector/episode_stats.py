@@ -1,11 +1,13 @@
-"""Per-env running returns and lengths, reported as ``info["episode"]`` when an episode ends."""
+"""Episode statistics: per-env running returns and lengths, reported as ``info["episode"]`` when an
+episode ends, counted by a wrapper around any vector env backend."""
 from __future__ import annotations
 
 import copy
+import pickle
 
 import numpy as np
 
-from marlkit.envs.core import EnvSpec, group_arrays
+from marlkit.envs.core import EnvSpec, Observation, StepResult, group_arrays
 
 
 class EpisodeStats:
@@ -84,3 +86,101 @@ class EpisodeStats:
                 self.seen[g][e] = False
                 self.agent_length[g][e] = 0
             self.length[e] = 0
+
+
+class EpisodeStatistics:
+    """A vector env whose ``infos[e]["episode"]`` holds, beside the env's own ``stats``, the
+    episode's ``return`` per group and its ``length`` (``EpisodeStats``), counted here around the
+    backend ``venv``. Everything else is the backend's.
+
+    Where the backend's env workers host jobs that step their envs themselves (``install_jobs``:
+    the workers act), each worker counts its block with a wrapper of its own, handed the rows of
+    the accumulators; a saved state gathers them back, so the saved format is one whatever steps
+    the envs: a run may resume with another vectorisation or worker count."""
+
+    def __init__(self, venv=None):
+        self.venv = venv
+        self.stats: EpisodeStats | None = None
+        self.acting: dict[str, np.ndarray] | None = None   # per group, the agents acting at the step to come
+        self.delegated = False     # the backend's workers count (they host jobs)
+
+    def __getattr__(self, name):
+        if name == "venv":   # not yet set (unpickling)
+            raise AttributeError(name)
+        return getattr(self.venv, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def restarts(self) -> int:
+        return self.venv.restarts
+
+    def reset(self, seed: int | None = None) -> Observation:
+        obs = self.venv.reset(seed=seed)
+        self.stats = EpisodeStats(self.venv.spec, self.venv.num_envs)
+        self.acting = obs.agent_mask
+        return obs
+
+    def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        result = self.venv.step(actions)
+        self.stats.add(self.acting, result.reward)
+        if result.episode_end.any() or any(m.any() for m in result.agent_end.values()):
+            for e, info in enumerate(self.stats.ended(result.episode_end, result.agent_end)):
+                if info:
+                    result.infos[e]["episode"] = {**info["episode"], **result.infos[e].get("episode", {})}
+        if result.lost is not None:   # a cut episode is no episode: its return would be partial
+            for e in np.flatnonzero(result.lost):
+                result.infos[e].pop("episode", None)
+        self.acting = result.next.agent_mask
+        return result
+
+    # ------------------------------------------------------------------ workers that count
+
+    def around(self, venv) -> "EpisodeStatistics":
+        """This wrapper (rows of accumulators, from ``rows``) around ``venv``: a worker's envs."""
+        self.venv = venv
+        return self
+
+    def rows(self, first: int, count: int) -> "EpisodeStatistics":
+        """A wrapper of no env yet, holding the accumulators of envs ``first .. first + count - 1``."""
+        part = EpisodeStatistics()
+        part.stats = self.stats.rows(first, count)
+        part.acting = {g: m[first:first + count] for g, m in self.acting.items()}
+        return part
+
+    def accumulators(self) -> tuple:
+        return self.stats, self.acting
+
+    def install_jobs(self, jobs: list) -> None:
+        """The backend's ``install_jobs``, each worker counting its block from now on."""
+        self.venv.install_jobs(jobs, [self.rows(first, count) for first, count in self.venv.blocks])
+        self.delegated = True
+
+    # ------------------------------------------------------------------ saved state
+
+    def get_state(self) -> bytes | None:
+        """Every env (one blob each, in env order) and the episode accumulators, for an exact
+        resume; None when an env cannot be pickled."""
+        envs = self.venv.env_states()
+        if any(blob is None for blob in envs):
+            return None
+        if self.delegated:
+            parts = self.venv.hosted_accumulators()
+            self.stats = EpisodeStats.join([stats for stats, _ in parts])
+            self.acting = {g: np.concatenate([acting[g] for _, acting in parts]) for g in parts[0][1]}
+        return pickle.dumps({"envs": envs, "stats": self.stats, "acting": self.acting})
+
+    def set_state(self, blob: bytes) -> None:
+        state = pickle.loads(blob)
+        if len(state["envs"]) != self.venv.num_envs:
+            raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has "
+                             f"{self.venv.num_envs}; resume with the same runner.parallels")
+        self.venv.load_env_states(state["envs"])
+        self.stats, self.acting = state["stats"], state["acting"]
+        if self.delegated:
+            self.venv.load_hosted_accumulators([self.rows(first, count).accumulators()
+                                                for first, count in self.venv.blocks])

@@ -25,7 +25,6 @@ from marlkit.envs.core import EnvWorkerError, Observation, StepResult
 from marlkit.envs.main_guard import check_main_guarded
 from marlkit.envs.vector.arrays import _Arrays, action_shapes
 from marlkit.envs.vector.base import _LIVE, VectorEnv, _seeds
-from marlkit.envs.vector.episode_stats import EpisodeStats
 from marlkit.envs.vector.state import dumps_state
 from marlkit.envs.vector.sync import EnvFactory, SyncVectorEnv
 from marlkit.errors import ConfigError
@@ -79,7 +78,8 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
         parent_end.close()
     envs: list = []
     arrays = None
-    hosted = job = None   # the worker's envs as a vector env of their own, and the job run on them
+    # the worker's envs as a vector env of their own, that counted (what the job steps), and the job
+    local = hosted = job = None
     busy = _Current(busy)
 
     def on_env(i: int | None) -> None:
@@ -120,9 +120,9 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
                 busy.set(None)
                 conn.send(("ok", ended))
             elif cmd == "install":
-                job, stats, acting = arg
-                hosted = SyncVectorEnv.hosting(envs, on_env)
-                hosted.stats, hosted._acting = stats, acting
+                job, counting = arg   # counting: the episode statistics of these envs, or None
+                local = SyncVectorEnv.hosting(envs, on_env)
+                hosted = counting.around(local) if counting is not None else local
                 job.install(hosted)
                 conn.send(("ok", None))
             elif cmd == "run":
@@ -133,16 +133,18 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
                 conn.send(("ok", envs[indices.index(arg)].render()))
                 busy.set(None)
             elif cmd == "get_state":
-                local = (hosted.stats, hosted._acting) if hosted is not None else None
-                conn.send(("ok", ([dumps_state(env) for env in envs], local)))
+                conn.send(("ok", [dumps_state(env) for env in envs]))
             elif cmd == "set_state":
-                blobs, local = arg
                 for env in envs:
                     env.close()
-                envs = [pickle.loads(blob) for blob in blobs]
-                if hosted is not None:
-                    hosted.envs = envs
-                    hosted.stats, hosted._acting = local
+                envs = [pickle.loads(blob) for blob in arg]
+                if local is not None:
+                    local.envs = envs
+                conn.send(("ok", None))
+            elif cmd == "get_accumulators":
+                conn.send(("ok", hosted.accumulators()))
+            elif cmd == "set_accumulators":
+                hosted.stats, hosted.acting = arg
                 conn.send(("ok", None))
             elif cmd == "close":
                 break
@@ -177,7 +179,6 @@ class SubprocVectorEnv(VectorEnv):
 
     def __init__(self, env_fns: list[EnvFactory], num_workers: int | None = None, timeout: float = 60.0,
                  start_method: str = "auto", start_timeout: float = 120.0, align: int = 1):
-        super().__init__()
         start_method = resolve_start_method(start_method)
         if start_method != "fork":
             check_main_guarded("env worker processes (runner.vectorize: subprocess or auto)",
@@ -188,7 +189,6 @@ class SubprocVectorEnv(VectorEnv):
         self.timeout, self.start_timeout = timeout, start_timeout
         self.closed = False
         self.arrays = None
-        self.hosts_jobs = False
         shares = np.array_split(np.arange(len(blocks)), num_workers)   # each worker's blocks
         self.indices = [[env for b in share for env in blocks[b]] for share in shares]
         ctx = mp.get_context(start_method)
@@ -287,7 +287,7 @@ class SubprocVectorEnv(VectorEnv):
         seeds = _seeds(seed, self.num_envs)
         self._broadcast("reset", per_worker=[[seeds[i] for i in idx] for idx in self.indices])
         self._gather(range(len(self.conns)), "resetting")
-        return self._start(self.arrays.observation("next"))
+        return self.arrays.observation("next")
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         for g, a in actions.items():
@@ -309,16 +309,16 @@ class SubprocVectorEnv(VectorEnv):
         """Per worker, (its first env, how many envs it hosts): consecutive blocks in env order."""
         return [(idx[0], len(idx)) for idx in self.indices]
 
-    def install_jobs(self, jobs: list) -> None:
+    def install_jobs(self, jobs: list, counting: list | None = None) -> None:
         """Give each worker a job (picklable; ``jobs[w]`` for the envs of ``blocks[w]``) that runs on
         its envs in the worker: ``job.install(venv)`` once, with the worker's envs as a vector env of
-        its own (which keeps their episode accumulators from now on), then ``job.run(arg)`` per
-        ``run_jobs``. The envs layer knows nothing of what a job does."""
-        self._broadcast("install", per_worker=[(job, *self._accumulator_rows(first, count))
-                                               for job, (first, count) in zip(jobs, self.blocks)])
+        its own, then ``job.run(arg)`` per ``run_jobs``. ``counting[w]``: the episode statistics
+        (``EpisodeStatistics.rows``) the worker puts around its vector env, and keeps from now on.
+        The envs layer knows nothing of what a job does."""
+        counting = counting or [None] * len(jobs)
+        self._broadcast("install", per_worker=list(zip(jobs, counting)))
         # a spawned worker imports what the jobs need (torch) as it unpickles them: start-up time
         self._gather(range(len(self.conns)), "installing a job", self.start_timeout)
-        self.hosts_jobs = True
 
     def run_jobs(self, args: list, what: str) -> list:
         """``job.run(args[w])`` in every worker at once -> their results, in worker order. A worker
@@ -326,29 +326,27 @@ class SubprocVectorEnv(VectorEnv):
         self._broadcast("run", per_worker=args)
         return self._gather(range(len(self.conns)), what, progress=True)
 
-    def _saved(self):
+    def env_states(self) -> list[bytes | None]:
         self._broadcast("get_state")
         per_worker = self._gather(range(len(self.conns)), "saving env state")
         blobs: list[bytes | None] = [None] * self.num_envs
-        for idx, (worker_blobs, _) in zip(self.indices, per_worker):
+        for idx, worker_blobs in zip(self.indices, per_worker):
             for i, blob in zip(idx, worker_blobs):
                 blobs[i] = blob
-        if not self.hosts_jobs:
-            return blobs, self.stats, self._acting
-        # the workers' own vector envs keep the episode accumulators while they host jobs
-        return (blobs, EpisodeStats.join([local[0] for _, local in per_worker]),
-                {g: np.concatenate([local[1][g] for _, local in per_worker]) for g in self._acting})
+        return blobs
 
-    def _restore(self, blobs, stats, acting) -> None:
-        self.stats, self._acting = stats, acting
-        local = [self._accumulator_rows(first, count) if self.hosts_jobs else None for first, count in self.blocks]
-        self._broadcast("set_state", per_worker=[([blobs[i] for i in idx], part)
-                                                 for idx, part in zip(self.indices, local)])
+    def load_env_states(self, blobs: list[bytes]) -> None:
+        self._broadcast("set_state", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
         self._gather(range(len(self.conns)), "restoring env state")
 
-    def _accumulator_rows(self, first: int, count: int) -> tuple:
-        """The episode accumulators of envs ``first .. first + count - 1``, for the worker hosting them."""
-        return self.stats.rows(first, count), {g: m[first:first + count] for g, m in self._acting.items()}
+    def hosted_accumulators(self) -> list:
+        """Per worker hosting a job, the episode accumulators its vector env keeps (``counting``)."""
+        self._broadcast("get_accumulators")
+        return self._gather(range(len(self.conns)), "saving episode statistics")
+
+    def load_hosted_accumulators(self, parts: list) -> None:
+        self._broadcast("set_accumulators", per_worker=parts)
+        self._gather(range(len(self.conns)), "restoring episode statistics")
 
     def close(self, grace: float | None = None) -> None:
         """Ask workers to close their envs; after ``grace`` seconds (default: the step timeout, at

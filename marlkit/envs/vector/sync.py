@@ -18,7 +18,6 @@ class SyncVectorEnv(VectorEnv):
     """All envs in this process; the fastest choice for cheap envs such as MPE."""
 
     def __init__(self, env_fns: list[EnvFactory]):
-        super().__init__()
         self.envs = []
         try:
             for fn in env_fns:
@@ -33,7 +32,6 @@ class SyncVectorEnv(VectorEnv):
         """A vector env over envs built already (an env worker's, for a job it runs on them);
         ``on_env(i)`` is called before env ``i`` steps, and ``on_env(None)`` after the last."""
         venv = cls.__new__(cls)
-        VectorEnv.__init__(venv)
         venv.envs = envs
         venv._set_up(on_env)
         return venv
@@ -47,7 +45,7 @@ class SyncVectorEnv(VectorEnv):
     def reset(self, seed: int | None = None) -> Observation:
         for e, (env, s) in enumerate(zip(self.envs, _seeds(seed, self.num_envs))):
             self.arrays.write_obs("next", e, env.reset(seed=s))
-        return self._start(self.arrays.observation("next"))
+        return self.arrays.observation("next")
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         ended = {}
@@ -66,10 +64,10 @@ class SyncVectorEnv(VectorEnv):
     def render(self, index: int = 0):
         return self.envs[index].render()
 
-    def _env_states(self) -> list[bytes | None]:
+    def env_states(self) -> list[bytes | None]:
         return [dumps_state(env) for env in self.envs]
 
-    def _load_env_states(self, blobs: list[bytes]) -> None:
+    def load_env_states(self, blobs: list[bytes]) -> None:
         for env in self.envs:
             env.close()
         self.envs = [pickle.loads(blob) for blob in blobs]
