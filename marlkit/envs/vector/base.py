@@ -73,7 +73,3 @@ class VectorEnv:
 
 def _seeds(seed: int | None, n: int, offset: int = 0) -> list[int | None]:
     return [None if seed is None else seed + offset + i for i in range(n)]
-
-
-def _seeds(seed: int | None, n: int, offset: int = 0) -> list[int | None]:
-    return [None if seed is None else seed + offset + i for i in range(n)]
