@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from marlkit.config import EnvConfig, RunnerConfig
 from marlkit.envs.core import MultiAgentEnv
-from marlkit.envs.vector import VectorEnv, make_vector_env
+from marlkit.envs.vector import EpisodeStatistics, make_vector_env
 from marlkit.envs.wrappers import wrap
 from marlkit.registry import get_env_type
 
@@ -37,7 +37,7 @@ class _EnvBuilder:
 
 
 def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,
-                    render: bool = False, first_index: int = 0) -> VectorEnv:
+                    render: bool = False, first_index: int = 0) -> EpisodeStatistics:
     """``first_index``: the index of the first env, so that two vector envs open at once (training
     and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
     if runner.vectorize == "ray":
