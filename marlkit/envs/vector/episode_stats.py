@@ -155,6 +155,9 @@ class EpisodeStatistics:
     def accumulators(self) -> tuple:
         return self.stats, self.acting
 
+    def load_accumulators(self, accumulators: tuple) -> None:
+        self.stats, self.acting = accumulators
+
     def install_jobs(self, jobs: list) -> None:
         """The backend's ``install_jobs``, each worker counting its block from now on."""
         self.venv.install_jobs(jobs, [self.rows(first, count) for first, count in self.venv.blocks])

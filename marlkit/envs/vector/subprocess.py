@@ -144,7 +144,7 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
             elif cmd == "get_accumulators":
                 conn.send(("ok", hosted.accumulators()))
             elif cmd == "set_accumulators":
-                hosted.stats, hosted.acting = arg
+                hosted.load_accumulators(arg)
                 conn.send(("ok", None))
             elif cmd == "close":
                 break
