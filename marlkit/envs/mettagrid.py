@@ -1,0 +1,183 @@
+"""mettagrid (the C++ gridworld of the PufferLib ecosystem) as a PettingZoo ``ParallelEnv`` whose
+observations are dense images, for ``env.factory: marlkit.envs.mettagrid:parallel_env``.
+
+mettagrid observes each agent as ``num_tokens`` tokens ``[coord, feature_id, value]`` (uint8): the
+coordinate byte holds the row in its high nibble and the column in its low one, ``0xFF`` pads the
+list and ``0xFE`` marks a global token (episode progress, last action, last reward), which belongs
+to no cell and is drawn at the centre of the view, where the agent itself stands (as mettagrid's
+own ``GridObsWrapper``). A CNN wants images, so every step the tokens of all agents become one
+``[A, C, H, W]`` uint8 array in one vectorised scatter (:class:`TokenGrid`).
+
+The map is built from mettagrid's own ``make_navigation`` game (moves and a no-op; each heart in an
+agent's inventory pays 1), on its ``RandomMapBuilder``. mettagrid ships no object that hands out
+hearts, so the ``forage`` map adds one: a heart lying on the floor, picked up (and gone) when an
+agent walks into it. The episode's step limit is a truncation (bootstrapped), not mettagrid's
+default termination.
+"""
+from __future__ import annotations
+
+import numpy as np
+from gymnasium import spaces
+
+from marlkit.config import ConfigError
+
+PADDING = 0xFF
+GLOBAL = 0xFE
+MAPS = ("forage",)
+
+
+def _import_mettagrid():
+    try:
+        import mettagrid  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(f"env.factory: mettagrid is not installed ({exc}); pip install -e .[mettagrid]") from None
+
+
+class TokenGrid:
+    """``[A, T, 3]`` uint8 tokens -> ``[A, C, H, W]`` uint8 images.
+
+    A token's value lands at (feature, row, column); a global token at the centre cell; padding,
+    cells outside the view and unknown feature ids are dropped. Values are stored as
+    ``value * 255 / normalisation`` (mettagrid's per-feature scale, at least 1), clipped to 255, so
+    that the ``cnn`` model's 1/255 turns a cell into ``value / normalisation`` as ``GridObsWrapper``
+    computes it, in a quarter of float32's bytes in every buffer and pipe. mettagrid writes at most
+    one token per cell and feature, so tokens are assigned, not summed.
+    """
+
+    def __init__(self, height: int, width: int, normalisation: dict[int, float]):
+        self.shape = (max(normalisation, default=0) + 1, height, width)
+        c, cells = self.shape[0], height * width
+        # lookups of 256 entries indexed by the raw byte: no bounds checks per token
+        self.scale = np.zeros(256, np.float32)                      # feature id -> 255 / normalisation
+        for fid, norm in normalisation.items():
+            self.scale[fid] = 255.0 / max(float(norm), 1.0)
+        rows, cols = np.arange(256) >> 4, np.arange(256) & 0x0F
+        rows[GLOBAL], cols[GLOBAL] = height // 2, width // 2
+        inside = (rows < height) & (cols < width)
+        inside[PADDING] = False
+        dropped = -c * cells                                        # makes any sum below negative
+        self.cell = np.where(inside, rows * width + cols, dropped)  # coord byte -> flat cell
+        self.channel = np.where(np.arange(256) < c, np.arange(256) * cells, dropped)   # feature id -> offset
+
+    def __call__(self, tokens: np.ndarray) -> np.ndarray:
+        """``tokens``: ``[A, T, 3]`` uint8 -> ``[A, C, H, W]`` uint8."""
+        n, t = tokens.shape[:2]
+        size = int(np.prod(self.shape))
+        flat = tokens.reshape(n * t, 3)
+        # a few dozen of the 500 tokens are real: select them first, then work on those alone
+        real = np.flatnonzero(flat[:, 0] != PADDING)
+        coord, fid, value = flat[real].T
+        index = self.cell[coord] + self.channel[fid]
+        keep = index >= 0
+        out = np.zeros(n * size, np.uint8)
+        out[index[keep] + real[keep] // t * size] = np.minimum(np.rint(value[keep] * self.scale[fid[keep]]), 255)
+        return out.reshape(n, *self.shape)
+
+
+def forage_config(num_agents: int, width: int, height: int, hearts: int, walls: int, max_steps: int):
+    """mettagrid's ``make_navigation`` game on a walled ``width x height`` room holding ``hearts``
+    hearts and ``walls`` single walls at random cells, ``max_steps`` steps per episode."""
+    _import_mettagrid()
+    from mettagrid.builder.envs import make_navigation
+    from mettagrid.config.handler_config import Handler
+    from mettagrid.config.mettagrid_config import GridObjectConfig, InventoryConfig
+    from mettagrid.config.mutation import withdraw
+    from mettagrid.map_builder.random_map import RandomMapBuilder
+
+    if hearts + walls + num_agents > (width - 2) * (height - 2):
+        raise ConfigError(f"env.kwargs: {hearts} hearts, {walls} walls and {num_agents} agents do not fit "
+                          f"inside a {width}x{height} room ({(width - 2) * (height - 2)} free cells)")
+    cfg = make_navigation(num_agents)
+    cfg.game.objects["heart"] = GridObjectConfig(
+        name="heart", inventory=InventoryConfig(initial={"heart": 1}),
+        on_use_handler=Handler(mutations=[withdraw({"heart": 1}, remove_when_empty=True)]))
+    cfg.game.map_builder = RandomMapBuilder.Config(agents=num_agents, width=width, height=height, border_width=1,
+                                                   objects={"heart": hearts, "wall": walls})
+    cfg.game.max_steps = max_steps
+    cfg.game.episode_truncates = True
+    return cfg
+
+
+class MettaGridEnv:
+    """A PettingZoo ``ParallelEnv`` (duck-typed, as marlkit reads one) over a mettagrid config:
+    agents ``agent_0 ..``, observations ``[C, H, W]`` uint8 images, ``Discrete`` actions.
+
+    It drives mettagrid's ``Simulation`` itself (one C++ game per episode, as mettagrid's own
+    PettingZoo and PufferLib envs do) and declares no ``state_space``: mettagrid's PettingZoo env
+    declares one whose ``state()`` is all zeros, while marlkit's default state stacks the agents'
+    views. Each episode's map and game take a seed drawn from the one given to ``reset``.
+    """
+
+    metadata = {"name": "mettagrid", "render_modes": []}
+
+    def __init__(self, cfg):
+        _import_mettagrid()
+        from mettagrid.policy.policy_env_interface import PolicyEnvInterface
+        from mettagrid.simulator import Simulation
+
+        self.cfg = cfg
+        info = PolicyEnvInterface.from_mg_cfg(cfg)
+        self.grid = TokenGrid(info.obs_height, info.obs_width, {int(f.id): f.normalization for f in info.obs_features})
+        self.possible_agents = [f"agent_{i}" for i in range(cfg.game.num_agents)]
+        self.agents: list[str] = []
+        self._obs_space = spaces.Box(0, 255, self.grid.shape, np.uint8)
+        self._act_space = spaces.Discrete(len(info.action_names))
+        self._action_names = info.action_names
+        self._action_ids = np.zeros(0, np.int32)   # policy action index -> the game's, set per game
+        self._simulation = Simulation
+        self._sim = None
+        self._rng = np.random.default_rng()
+
+    def observation_space(self, agent: str) -> spaces.Box:
+        return self._obs_space
+
+    def action_space(self, agent: str) -> spaces.Discrete:
+        return self._act_space
+
+    def _per_agent(self, values) -> dict:
+        return dict(zip(self.possible_agents, values))
+
+    def reset(self, seed: int | None = None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        if self._sim is not None:
+            self._sim.close()
+        episode_seed = int(self._rng.integers(2**31))
+        self.cfg.game.map_builder.seed = episode_seed
+        # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
+        self._sim = self._simulation(self.cfg, seed=episode_seed)
+        self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
+        self.agents = list(self.possible_agents)
+        obs = self.grid(self._sim._c_sim.observations())
+        return self._per_agent(obs), {a: {} for a in self.agents}
+
+    def step(self, actions: dict):
+        c_sim = self._sim._c_sim
+        # a missing agent (none, while all agents end together) does nothing
+        c_sim.actions()[:] = self._action_ids[[actions.get(a, 0) for a in self.possible_agents]]
+        self._sim.step()
+        obs = self.grid(c_sim.observations())
+        rewards = c_sim.rewards().tolist()
+        terminated, truncated = c_sim.terminals().tolist(), c_sim.truncations().tolist()
+        live = self.agents
+        self.agents = [a for a, te, tr in zip(self.possible_agents, terminated, truncated)
+                       if a in live and not (te or tr)]
+        return (self._per_agent(obs), self._per_agent(rewards), self._per_agent(terminated),
+                self._per_agent(truncated), {a: {} for a in live})
+
+    def render(self):
+        return None
+
+    def close(self):
+        if self._sim is not None:
+            self._sim.close()
+            self._sim = None
+
+
+def parallel_env(map: str = "forage", num_agents: int = 4, width: int = 32, height: int = 32, hearts: int = 16,
+                 walls: int = 40, max_steps: int = 128) -> MettaGridEnv:
+    """``env.kwargs`` of ``marlkit/configs/mettagrid.yaml``. ``forage``: ``num_agents`` agents and
+    ``hearts`` hearts (1 each when picked up) in a ``width x height`` room with ``walls`` walls."""
+    if map not in MAPS:
+        raise ConfigError(f"env.kwargs.map: {map!r} is not a mettagrid map marlkit builds; choose one of {list(MAPS)}")
+    return MettaGridEnv(forage_config(num_agents, width, height, hearts, walls, max_steps))

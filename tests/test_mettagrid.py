@@ -1,0 +1,160 @@
+"""mettagrid as a PettingZoo env of images (``marlkit/envs/mettagrid.py``): the token-to-image
+conversion against hand-built tokens and against a plain reference on the real game's tokens, the
+spec marlkit reads, the episode's end, and MAPPO training through the packaged YAML."""
+import math
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import marlkit
+from marlkit.config import ConfigError
+from marlkit.envs.factory import make_env
+from marlkit.envs.mettagrid import GLOBAL, PADDING, TokenGrid, parallel_env
+from marlkit.envs.pettingzoo import PettingZooConfig
+
+pytest.importorskip("mettagrid")
+
+FACTORY = "marlkit.envs.mettagrid:parallel_env"
+SMALL = {"num_agents": 2, "width": 10, "height": 10, "hearts": 6, "walls": 4, "max_steps": 16}
+
+
+def coord(row: int, col: int) -> int:
+    return row << 4 | col
+
+
+def test_tokens_land_at_their_cell_and_channel_scaled_by_their_normalisation():
+    # 5 rows x 7 columns, features 0..3; feature 2's normalisation below 1 counts as 1
+    grid = TokenGrid(5, 7, {0: 1.0, 1: 10.0, 2: 0.5, 3: 100.0})
+    tokens = np.full((2, 8, 3), PADDING, np.uint8)
+    tokens[0, :6] = [[coord(1, 2), 1, 5],     # 5 / 10 -> 0.5
+                     [coord(4, 6), 0, 1],     # the last cell: 1 / 1
+                     [GLOBAL, 3, 40],         # a global token: the centre cell (2, 3), 40 / 100
+                     [coord(0, 0), 1, 30],    # 30 / 10 = 3, clipped to 1
+                     [coord(5, 0), 1, 9],     # row 5 of 5: outside the view, dropped
+                     [coord(2, 2), 9, 9]]     # feature 9: no such channel, dropped
+    tokens[0, 6] = [PADDING, 2, 200]          # padding, whatever its feature and value
+    tokens[1, 0] = [coord(3, 1), 2, 1]        # the second agent's own token
+    images = grid(tokens)
+    assert images.shape == (2, 4, 5, 7) and images.dtype == np.uint8
+    expected = np.zeros((2, 4, 5, 7))
+    expected[0, 1, 1, 2] = 0.5
+    expected[0, 0, 4, 6] = 1.0
+    expected[0, 3, 2, 3] = 0.4
+    expected[0, 1, 0, 0] = 1.0
+    expected[1, 2, 3, 1] = 1.0
+    # the cnn model reads uint8 as value / 255: within one step of 255 of value / normalisation
+    np.testing.assert_allclose(images / 255.0, expected, atol=0.5 / 255)
+
+
+def reference_images(tokens: np.ndarray, height: int, width: int, normalisation: dict[int, float]) -> np.ndarray:
+    """A plain loop over every token, as mettagrid's GridObsWrapper defines the image, clipped at 1."""
+    channels = max(normalisation) + 1
+    out = np.zeros((tokens.shape[0], channels, height, width))
+    for a, agent_tokens in enumerate(tokens):
+        for c, fid, value in agent_tokens.tolist():
+            if c == PADDING:
+                continue
+            row, col = (height // 2, width // 2) if c == GLOBAL else (c >> 4, c & 0x0F)
+            if row < height and col < width and fid < channels:
+                out[a, fid, row, col] += value / max(normalisation[fid], 1.0)
+    return np.minimum(out, 1.0)
+
+
+def test_the_real_games_tokens_match_the_reference_at_every_step():
+    from mettagrid.policy.policy_env_interface import PolicyEnvInterface
+    env = parallel_env(**{**SMALL, "max_steps": 40})
+    info = PolicyEnvInterface.from_mg_cfg(env.cfg)
+    normalisation = {int(f.id): f.normalization for f in info.obs_features}
+    env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        env.step({a: int(rng.integers(5)) for a in env.agents})
+        tokens = env._sim._c_sim.observations()
+        expected = reference_images(tokens, info.obs_height, info.obs_width, normalisation)
+        np.testing.assert_allclose(env.grid(tokens) / 255.0, expected, atol=0.5 / 255)
+    # walls and hearts in view, and the global tokens at the centre
+    assert (tokens[:, :, 0] == GLOBAL).any() and expected.any(axis=(0, 2, 3)).sum() >= 4
+
+
+def test_the_spec_marlkit_reads_and_an_episode_that_ends_as_a_truncation():
+    env = make_env(PettingZooConfig(factory=FACTORY, kwargs=SMALL))
+    group = env.spec.groups["agents"]
+    assert list(env.spec.groups) == ["agents"] and group.agents == ["agent_0", "agent_1"]
+    channels = group.obs_shape[0]
+    assert group.obs_shape == (channels, 13, 13) and channels >= 10 and group.n_actions == 5
+    assert group.observation_space.dtype == np.uint8
+    # no state() of its own: the agents' views stacked along the channels
+    assert env.spec.state_shape == (2 * channels, 13, 13) and env.spec.state_from_obs
+    first = env.reset(seed=7)
+    assert first.obs["agents"].shape == (2, channels, 13, 13)
+    np.testing.assert_array_equal(first.state, first.obs["agents"].reshape(2 * channels, 13, 13))
+    rng = np.random.default_rng(0)
+    team_return = 0.0
+    for t in range(1, 17):
+        ob, reward, terminated, truncated, done = env.step({"agents": rng.integers(0, 5, 2)})
+        team_return += float(reward["agents"].sum())
+        assert done == (t == 16) and not terminated["agents"].any()
+        assert truncated["agents"].tolist() == [t == 16] * 2
+        assert set(reward["agents"].tolist()) <= {0.0, 1.0}   # a heart picked up pays 1
+    assert 0 <= team_return <= SMALL["hearts"]
+    # the map comes from the seed: the same seed, the same first views; another, another map
+    np.testing.assert_array_equal(env.reset(seed=7).obs["agents"], first.obs["agents"])
+    assert not np.array_equal(env.reset(seed=8).obs["agents"], first.obs["agents"])
+    env.close()
+
+
+def test_walking_into_a_heart_picks_it_up_and_pays_one():
+    """A scripted forager, greedy on the hearts channel of its own view, collects far more than
+    random moves: the reward is there for a policy to learn."""
+    env = parallel_env(num_agents=1, width=16, height=16, hearts=12, walls=0, max_steps=64)
+    heart = int(env.cfg.game.id_map().feature_id("inv:heart"))
+    moves = {(-1, 0): 1, (1, 0): 2, (0, -1): 3, (0, 1): 4}   # north, south, west, east
+
+    def greedy(view):
+        cells = np.argwhere(view[heart] > 0)
+        cells = cells[(cells != (6, 6)).any(axis=1)]   # the agent's own inventory, at the centre
+        if not len(cells):
+            return 4
+        dy, dx = cells[np.abs(cells - 6).sum(axis=1).argmin()] - 6
+        return moves[(int(np.sign(dy)), 0)] if dy else moves[(0, int(np.sign(dx)))]
+
+    def play(policy, seed):
+        obs, _ = env.reset(seed=seed)
+        total = 0.0
+        while env.agents:
+            obs, reward, *_ = env.step({"agent_0": policy(obs["agent_0"])})
+            total += reward["agent_0"]
+        return total
+
+    rng = np.random.default_rng(0)
+    scripted = [play(greedy, s) for s in range(5)]
+    random = [play(lambda _: int(rng.integers(5)), s) for s in range(5)]
+    assert np.mean(scripted) >= 4 and np.mean(scripted) > 2 * np.mean(random) + 1
+
+
+def test_mappo_with_a_cnn_and_a_gru_trains_on_the_packaged_yaml(tiny):
+    kwargs = {f"env.kwargs.{k}": v for k, v in SMALL.items()}
+    result = marlkit.run(agent="MAPPO", env="mettagrid", seed=1,
+                         **{**tiny, **kwargs, "runner.parallels": 2, "runner.horizon": 16,
+                            "runner.total_steps": 64, "runner.overlap": False, "agents.MAPPO.chunk_length": 8})
+    assert result.steps == 64
+    losses = {k: v for k, v in result.metrics.items() if k.endswith(("_loss", "entropy"))}
+    assert {"agents/policy_loss", "agents/value_loss", "agents/entropy"} <= set(losses)
+    assert all(math.isfinite(v) for v in losses.values())
+    returns = [r["agents"] for r in result.episode_returns]
+    assert len(returns) == 4 and all(0 <= r <= SMALL["hearts"] for r in returns)   # 2 envs x 2 episodes
+    saved = yaml.safe_load((result.run_dir / "config.yaml").read_text())
+    assert saved["agents"]["MAPPO"]["actor"]["name"] == "gru"
+    assert saved["agents"]["MAPPO"]["actor"]["kwargs"]["encoder"] == "cnn"
+
+
+def test_a_missing_package_or_an_unknown_map_is_a_config_error(monkeypatch):
+    with pytest.raises(ConfigError, match="not a mettagrid map marlkit builds; choose one of"):
+        parallel_env(map="arena")
+    with pytest.raises(ConfigError, match="do not fit"):
+        parallel_env(width=5, height=5)
+    monkeypatch.setitem(sys.modules, "mettagrid", None)
+    with pytest.raises(ConfigError, match=r"pip install -e \.\[mettagrid\]"):
+        parallel_env()
