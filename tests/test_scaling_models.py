@@ -160,6 +160,27 @@ def test_cnn_channels_set_the_convolutions_widths_and_a_wrong_list_is_named():
         CNN((4, 30, 80), ModelConfig(name="cnn", kwargs={"channels": [16, 32]}))
 
 
+def test_cnn_convs_replace_the_layout_and_run_in_channels_last_memory():
+    cnn = CNN((13, 13, 5), ModelConfig(name="cnn", hidden_sizes=[32], kwargs={"convs": [[16, 3, 2], [8, 3, 1]]}))
+    layers = [m for m in cnn.conv if isinstance(m, torch.nn.Conv2d)]
+    assert [(m.out_channels, m.kernel_size, m.stride) for m in layers] == [(16, (3, 3), (2, 2)), (8, (3, 3), (1, 1))]
+    assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in layers)
+    assert cnn.head[0].in_features == 8 * 4 * 4   # 13 -> 6 -> 4
+    # the same numbers as the convolutions in NCHW memory
+    x = torch.rand(3, 13, 13, 5)
+    nchw = [torch.nn.Conv2d(m.in_channels, m.out_channels, m.kernel_size, m.stride) for m in layers]
+    for plain, m in zip(nchw, layers):
+        plain.load_state_dict({k: v.contiguous() for k, v in m.state_dict().items()})
+    y = x.permute(0, 3, 1, 2).contiguous()
+    for plain in nchw:
+        y = torch.relu(plain(y))
+    torch.testing.assert_close(cnn.encode(x), cnn.head(y.flatten(1)))
+    with pytest.raises(ConfigError, match=r"kwargs.convs=\[\[16, 3\]\] must be a list of \[out channels, kernel, stride\]"):
+        CNN((13, 13, 5), ModelConfig(name="cnn", kwargs={"convs": [[16, 3]]}))
+    with pytest.raises(ConfigError, match=r"convolutions \[\(32, 8, 4\), \(64, 4, 2\)\] leave nothing of a 13x13 image"):
+        CNN((13, 13, 5), ModelConfig(name="cnn", kwargs={"convs": [[32, 8, 4], [64, 4, 2]]}))
+
+
 def test_too_small_image_fails_before_training_naming_model_and_shape(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump({"description": "6x6 images", "env": {
