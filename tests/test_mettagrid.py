@@ -93,7 +93,7 @@ def test_the_spec_marlkit_reads_and_an_episode_that_ends_as_a_truncation():
     rng = np.random.default_rng(0)
     team_return = 0.0
     for t in range(1, 17):
-        ob, reward, terminated, truncated, done = env.step({"agents": rng.integers(0, 5, 2)})
+        _, reward, terminated, truncated, done = env.step({"agents": rng.integers(0, 5, 2)})
         team_return += float(reward["agents"].sum())
         assert done == (t == 16) and not terminated["agents"].any()
         assert truncated["agents"].tolist() == [t == 16] * 2

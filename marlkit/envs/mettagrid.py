@@ -16,6 +16,8 @@ default termination.
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 from gymnasium import spaces
 
@@ -108,7 +110,7 @@ class MettaGridEnv:
     views. Each episode's map and game take a seed drawn from the one given to ``reset``.
     """
 
-    metadata = {"name": "mettagrid", "render_modes": []}
+    metadata: ClassVar[dict] = {"name": "mettagrid", "render_modes": []}
 
     def __init__(self, cfg):
         _import_mettagrid()

@@ -1,0 +1,305 @@
+"""marlkit's MAPPO against PufferLib 3's PuffeRL on the same mettagrid game (the packaged mettagrid
+YAML's forage map: 4 agents, 16 hearts, 32x32, 128 steps): env steps per CPU-second and per wall
+second of training, the same policy size, batch and epochs on both sides.
+
+    .venv/bin/python benchmarks/vs_pufferlib.py --pufferlib-python PYTHON [--updates 8] [--repeats 3]
+        [--sides pufferlib marlkit] [--tag NAME | --out FILE]
+
+PYTHON is the interpreter of a virtual environment with pufferlib-core 3.0.23 (its ``_C`` advantage
+kernel loading against that venv's torch; a CPU build: docs/benchmarks.md), mettagrid 0.26.22 and
+torch. Nothing of PufferLib is copied here.
+
+Each measurement is a process of its own (this script with ``--side``, under the side's Python),
+and the sides alternate, ``--repeats`` times. A process times, from just before it builds its
+trainer (envs, networks, buffers) to the end of the last of ``--updates`` updates, the wall time
+and its CPU time (``getrusage`` of itself and its children: user + system); imports are left out,
+and are in the parent's second figure, each process's whole CPU time from its start to its exit.
+Both sides run in one process with one torch thread, the envs stepped in that process (marlkit's
+``sync`` vector env, PufferLib's ``Serial`` backend), 16 games of 4 agents.
+
+- marlkit: ``marlkit.run(agent="MAPPO", env="mettagrid")`` with the packaged YAML's settings (its
+  collection beside the update, ``runner.overlap``, included), ``runner.total_steps`` = updates x
+  2,048, no evaluation, logger or periodic checkpoint. Observations: the adapter's ``[16, 13, 13]``
+  uint8 images.
+- PufferLib: ``pufferl.PuffeRL`` over ``pufferlib.vector.make(MettaGridPufferEnv, backend=Serial)``,
+  mettagrid's own PufferLib env (its tokens in the buffers, as PufferLib trains mettagrid); the
+  policy turns tokens into the same images (a scatter in torch, per forward pass), then the same
+  networks as marlkit's: actor = CNN 16/32/32 (3x3 stride 1, 2, 1) -> 128 -> GRU 128 -> LayerNorm
+  -> 5 logits (a GRUCell while acting, as PufferLib's LSTMWrapper, the whole GRU over a segment in
+  training); critic = the same CNN of its own -> 128 -> 128 -> value (marlkit's pooled critic's
+  hidden layer reads the agent's and the group's mean features, 256 wide). PuffeRL's defaults
+  except: batch 8,192 agent steps (= 2,048 env steps), bptt_horizon 32 (marlkit's chunk_length),
+  4 epochs of 2,048-sample minibatches, lr 5e-4, the YAML's gamma, lambda, clips, entropy and
+  value weights, max_grad_norm, no prioritised replay (prio_alpha 0), V-trace clips 1 (plain GAE),
+  no lr anneal, no torch.compile, float32.
+
+Env steps are joint steps of one game (PufferLib counts agent steps: divided by 4). Results go to
+benchmarks/results/vs_pufferlib[_NAME].json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+
+ENV = "mettagrid"
+log = logging.getLogger("vs_pufferlib")
+PARALLELS, HORIZON, AGENTS = 16, 128, 4
+BATCH = PARALLELS * HORIZON                  # env steps per update, both sides
+# the packaged YAML's MAPPO settings, which the PufferLib side copies
+LR, GAMMA, LAMBDA, CLIP, VALUE_CLIP = 5e-4, 0.99, 0.95, 0.2, 0.2
+ENTROPY, VALUE_COEF, MAX_GRAD_NORM, EPOCHS, MINIBATCHES, CHUNK = 0.01, 1.0, 10.0, 4, 4, 32
+CHANNELS, WIDTH = (16, 32, 32), 128
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+# ---------------------------------------------------------------- marlkit's side (marlkit's venv)
+
+def marlkit_side(updates: int) -> dict:
+    import torch
+
+    import marlkit
+    from marlkit.api import build_config
+    from marlkit.envs.mettagrid import parallel_env
+
+    overrides = {"runner.total_steps": updates * BATCH, "runner.progress": False, "runner.eval_interval": 10 ** 9,
+                 "runner.save_interval": 10 ** 9, "runner.torch_threads": 1}
+    cfg = build_config("MAPPO", ENV, **overrides)
+    assert (cfg.runner.parallels, cfg.runner.horizon, cfg.env.kwargs["num_agents"]) == (PARALLELS, HORIZON, AGENTS)
+    mappo = cfg.agents["MAPPO"]
+    settings = (mappo.lr, mappo.epochs, mappo.minibatches, mappo.chunk_length, mappo.entropy_coef)
+    assert settings == (LR, EPOCHS, MINIBATCHES, CHUNK, ENTROPY), f"the YAML changed: {settings}"
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as root:
+        start_wall, start_cpu = time.perf_counter(), cpu_seconds()
+        result = marlkit.run(agent="MAPPO", env=ENV, seed=1, logger="none",
+                             **{**overrides, "runner.run_root": root})
+        wall, cpu = time.perf_counter() - start_wall, cpu_seconds() - start_cpu
+        weights = torch.load(result.run_dir / "latest.pt", map_location="cpu", weights_only=False)
+    env = parallel_env()
+    return {"wall_s": wall, "cpu_s": cpu, "env_steps": result.steps, "parameters": _parameters(weights),
+            "obs_shape": list(env.observation_space("agent_0").shape),
+            "losses": {k: v for k, v in result.metrics.items() if k.endswith(("_loss", "entropy"))}}
+
+
+def _parameters(checkpoint) -> int:
+    """Weights in a marlkit checkpoint's networks (the tensors of its state dicts, optimiser aside)."""
+    import torch
+
+    def count(node, key=""):
+        if isinstance(node, torch.Tensor):
+            return node.numel() if node.is_floating_point() and "optim" not in key else 0
+        if isinstance(node, dict):
+            return sum(count(v, f"{key}/{k}") for k, v in node.items())
+        return 0
+    return count(checkpoint)
+
+
+# ---------------------------------------------------------------- PufferLib's side (PufferLib's venv)
+
+def pufferlib_side(updates: int, env_config: str) -> dict:
+    import pufferlib.pytorch
+    import pufferlib.vector
+    import torch
+    from mettagrid.config.mettagrid_config import MettaGridConfig
+    from mettagrid.envs.mettagrid_puffer_env import MettaGridPufferEnv
+    from mettagrid.policy.policy_env_interface import PolicyEnvInterface
+    from mettagrid.simulator import Simulator
+    from pufferlib import pufferl
+    from torch import nn
+
+    if not pufferl._C_AVAILABLE:
+        raise SystemExit("pufferlib._C does not load in this venv: PuffeRL cannot compute advantages")
+    torch.set_num_threads(1)
+    cfg = MettaGridConfig.model_validate_json(Path(env_config).read_text())
+    info = PolicyEnvInterface.from_mg_cfg(cfg)
+    height, width = info.obs_height, info.obs_width
+    channels = max(int(f.id) for f in info.obs_features) + 1
+    scale = torch.zeros(256)
+    for f in info.obs_features:
+        scale[int(f.id)] = 1.0 / max(float(f.normalization), 1.0)
+
+    def images(tokens: torch.Tensor) -> torch.Tensor:
+        """[B, T, 3] uint8 tokens -> [B, C, H, W] float, value / normalisation (GridObsWrapper's)."""
+        coord, fid, value = tokens.long().unbind(-1)
+        row = torch.where(coord == 0xFE, height // 2, coord >> 4)
+        col = torch.where(coord == 0xFE, width // 2, coord & 0x0F)
+        keep = (coord != 0xFF) & (row < height) & (col < width) & (fid < channels)
+        index = torch.where(keep, (fid * height + row) * width + col, 0)
+        out = torch.zeros(tokens.shape[0], channels * height * width)
+        out.scatter_add_(1, index, value.float() * scale[fid] * keep)
+        return out.view(-1, channels, height, width)
+
+    def cnn() -> nn.Sequential:
+        (a, b, c), layers, size = CHANNELS, [], channels
+        for out, stride in ((a, 1), (b, 2), (c, 1)):
+            layers += [nn.Conv2d(size, out, 3, stride), nn.ReLU()]
+            size = out
+        flat = nn.Sequential(*layers, nn.Flatten())(torch.zeros(1, channels, height, width)).shape[1]
+        return nn.Sequential(*layers, nn.Flatten(), pufferlib.pytorch.layer_init(nn.Linear(flat, WIDTH)), nn.ReLU())
+
+    class Policy(nn.Module):
+        """PufferLib's LSTMWrapper, with a GRU: a cell while acting, the whole GRU over a segment in
+        training; ``lstm_h`` carries the GRU's state (``lstm_c`` is unused)."""
+
+        def __init__(self):
+            super().__init__()
+            self.hidden_size = WIDTH
+            self.actor_encoder, self.critic_encoder = cnn(), cnn()
+            self.gru = nn.GRU(WIDTH, WIDTH)
+            self.cell = nn.GRUCell(WIDTH, WIDTH)
+            self.cell.weight_ih, self.cell.weight_hh = self.gru.weight_ih_l0, self.gru.weight_hh_l0
+            self.cell.bias_ih, self.cell.bias_hh = self.gru.bias_ih_l0, self.gru.bias_hh_l0
+            self.norm = nn.LayerNorm(WIDTH)
+            self.logits = pufferlib.pytorch.layer_init(nn.Linear(WIDTH, int(info.action_space.n)), std=0.01)
+            # marlkit's pooled critic: a hidden layer on [own, the group's mean] features (256 in);
+            # here on the agent's own (128 in: PuffeRL's segments do not keep a game's agents together)
+            self.value = nn.Sequential(pufferlib.pytorch.layer_init(nn.Linear(WIDTH, WIDTH)), nn.ReLU(),
+                                       pufferlib.pytorch.layer_init(nn.Linear(WIDTH, 1), std=1))
+
+        def forward_eval(self, observations, state):
+            x = images(observations)
+            h = self.cell(self.actor_encoder(x), state["lstm_h"])
+            state["lstm_h"] = h
+            return self.logits(self.norm(h)), self.value(self.critic_encoder(x))
+
+        def forward(self, observations, state):
+            b, t = observations.shape[:2]
+            x = images(observations.reshape(b * t, *observations.shape[2:]))
+            z = self.actor_encoder(x).view(b, t, WIDTH).transpose(0, 1)
+            h, _ = self.gru(z, None if state["lstm_h"] is None else state["lstm_h"].unsqueeze(0))
+            h = h.transpose(0, 1).reshape(b * t, WIDTH)
+            return self.logits(self.norm(h)), self.value(self.critic_encoder(x)).view(b, t)
+
+    def make_env(buf=None, seed=0):
+        return MettaGridPufferEnv(Simulator(), cfg, buf=buf, seed=seed)
+
+    config = {
+        "env": ENV, "seed": 1, "torch_deterministic": False, "device": "cpu", "cpu_offload": False,
+        "compile": False, "compile_mode": "default", "compile_fullgraph": False, "precision": "float32",
+        "optimizer": "adam", "learning_rate": LR, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
+        "batch_size": BATCH * AGENTS, "bptt_horizon": CHUNK, "minibatch_size": BATCH * AGENTS // MINIBATCHES,
+        "max_minibatch_size": BATCH * AGENTS // MINIBATCHES, "update_epochs": EPOCHS, "use_rnn": True,
+        "gamma": GAMMA, "gae_lambda": LAMBDA, "clip_coef": CLIP, "vf_clip_coef": VALUE_CLIP,
+        "vf_coef": VALUE_COEF, "ent_coef": ENTROPY, "max_grad_norm": MAX_GRAD_NORM, "prio_alpha": 0.0,
+        "prio_beta0": 1.0, "vtrace_rho_clip": 1.0, "vtrace_c_clip": 1.0, "anneal_lr": False,
+        "total_timesteps": 10 ** 12, "checkpoint_interval": 10 ** 9, "data_dir": tempfile.mkdtemp()}
+    start_wall, start_cpu = time.perf_counter(), cpu_seconds()
+    vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS)
+    policy = Policy()
+    trainer = pufferl.PuffeRL(config, vecenv, policy)
+    for _ in range(updates):
+        trainer.evaluate()
+        logs = trainer.train()
+    wall, cpu = time.perf_counter() - start_wall, cpu_seconds() - start_cpu
+    losses = {k: float(v) for k, v in trainer.losses.items()}
+    del logs
+    return {"wall_s": wall, "cpu_s": cpu, "env_steps": trainer.global_step // AGENTS,
+            "parameters": sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("cell.")),
+            "obs_shape": [channels, height, width], "losses": losses}
+
+
+# ---------------------------------------------------------------- the parent
+
+def run_side(side: str, python: str, args, env_config: str, log: Path) -> dict:
+    """One measurement: this script under ``python`` as a process of its own; adds its whole CPU
+    time (start-up and imports included) from the parent's RUSAGE_CHILDREN."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cmd = [python, __file__, "--side", side, "--updates", str(args.updates), "--env-config", env_config]
+    with open(log, "a") as f:
+        done = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=f, text=True, cwd=Path(__file__).parent)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} failed (exit {done.returncode}); see {log}")
+    sample = json.loads(done.stdout.strip().splitlines()[-1])
+    sample["process_cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    sample["env_steps_per_cpu_s"] = sample["env_steps"] / sample["cpu_s"]
+    sample["env_steps_per_wall_s"] = sample["env_steps"] / sample["wall_s"]
+    sample["env_steps_per_process_cpu_s"] = sample["env_steps"] / sample["process_cpu_s"]
+    return sample
+
+
+def spread(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = harness.parser(__doc__, repeats=3, overrides=False)
+    parser.add_argument("--pufferlib-python", default=None, help="the Python of PufferLib's venv")
+    parser.add_argument("--updates", type=int, default=8, help="updates of 2,048 env steps per measurement")
+    parser.add_argument("--sides", nargs="+", default=["pufferlib", "marlkit"], choices=["pufferlib", "marlkit"])
+    parser.add_argument("--side", choices=["pufferlib", "marlkit"], help=argparse_hidden())
+    parser.add_argument("--env-config", help=argparse_hidden())
+    args = harness.parse_args(parser)
+    if args.side:
+        # a measurement process: its result as the last line of its output, then out at once, past
+        # threads that would keep it alive (PuffeRL's utilisation monitor, also after an error)
+        try:
+            sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(args.updates,
+                                                                                               args.env_config)
+            print(json.dumps(sample), flush=True)
+        except Exception:
+            log.exception("the %s side failed", args.side)   # its traceback, to stderr
+            os._exit(1)
+        os._exit(0)
+    if "pufferlib" in args.sides and not args.pufferlib_python:
+        parser.error("--pufferlib-python is needed for the pufferlib side")
+
+    from marlkit.api import build_config
+    from marlkit.envs.mettagrid import forage_config
+    kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
+    kwargs.pop("map")
+    pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python}
+    with tempfile.TemporaryDirectory() as tmp:
+        env_config = Path(tmp) / "mettagrid.json"   # the very game marlkit plays, for PufferLib's side
+        env_config.write_text(forage_config(**kwargs).model_dump_json())
+        log = Path(tmp) / "sides.log"
+        samples = {side: [] for side in args.sides}
+        try:
+            for r in range(args.repeats):
+                for side in args.sides:
+                    samples[side].append(run_side(side, pythons[side], args, str(env_config), log))
+                    s = samples[side][-1]
+                    print(f"repeat {r + 1}/{args.repeats} {side}: {s['env_steps_per_cpu_s']:,.1f} env-steps per "
+                          f"CPU-s, {s['env_steps_per_wall_s']:,.1f} per wall s ({s['env_steps']:,} env steps, "
+                          f"{s['cpu_s']:.1f} CPU-s, {s['wall_s']:.1f} s)", flush=True)
+        except RuntimeError:
+            print(log.read_text()[-5000:], file=sys.stderr)
+            raise
+    keys = ("env_steps_per_cpu_s", "env_steps_per_wall_s", "env_steps_per_process_cpu_s")
+    summary = {side: {k: spread([s[k] for s in runs]) for k in keys} for side, runs in samples.items()}
+    ratios = {}
+    if len(samples) == 2:
+        # per repeat (the two sides of a repeat ran back to back, under the same load), then the spread
+        ratios = {k: spread([m[k] / p[k] for m, p in zip(samples["marlkit"], samples["pufferlib"])]) for k in keys}
+    harness.table(["side", "env-steps/CPU-s (min/med/max)", "env-steps/wall-s (min/med/max)", "params"],
+                  [[side, "/".join(f"{summary[side]['env_steps_per_cpu_s'][q]:.0f}" for q in ("min", "median", "max")),
+                    "/".join(f"{summary[side]['env_steps_per_wall_s'][q]:.0f}" for q in ("min", "median", "max")),
+                    samples[side][0]["parameters"]] for side in samples])
+    for k, v in ratios.items():
+        print(f"marlkit / PufferLib, {k}: {v['median']:.2f}x (min {v['min']:.2f}, max {v['max']:.2f})")
+    harness.write_results("vs_pufferlib", args, {"updates": args.updates, "env_steps_per_update": BATCH,
+                                                 "samples": samples, "summary": summary, "ratios": ratios})
+
+
+def argparse_hidden():
+    import argparse
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()
