@@ -267,18 +267,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         env_config = Path(tmp) / "mettagrid.json"   # the very game marlkit plays, for PufferLib's side
         env_config.write_text(forage_config(**kwargs).model_dump_json())
-        log = Path(tmp) / "sides.log"
+        side_log = Path(tmp) / "sides.log"
         samples = {side: [] for side in args.sides}
         try:
             for r in range(args.repeats):
                 for side in args.sides:
-                    samples[side].append(run_side(side, pythons[side], args, str(env_config), log))
+                    samples[side].append(run_side(side, pythons[side], args, str(env_config), side_log))
                     s = samples[side][-1]
                     print(f"repeat {r + 1}/{args.repeats} {side}: {s['env_steps_per_cpu_s']:,.1f} env-steps per "
                           f"CPU-s, {s['env_steps_per_wall_s']:,.1f} per wall s ({s['env_steps']:,} env steps, "
                           f"{s['cpu_s']:.1f} CPU-s, {s['wall_s']:.1f} s)", flush=True)
         except RuntimeError:
-            print(log.read_text()[-5000:], file=sys.stderr)
+            print(side_log.read_text()[-5000:], file=sys.stderr)
             raise
     keys = ("env_steps_per_cpu_s", "env_steps_per_wall_s", "env_steps_per_process_cpu_s")
     summary = {side: {k: spread([s[k] for s in runs]) for k in keys} for side, runs in samples.items()}
