@@ -31,7 +31,9 @@ Both sides run in one process with one torch thread, the envs stepped in that pr
   except: batch 8,192 agent steps (= 2,048 env steps), bptt_horizon 32 (marlkit's chunk_length),
   4 epochs of 2,048-sample minibatches, lr 5e-4, the YAML's gamma, lambda, clips, entropy and
   value weights, max_grad_norm, no prioritised replay (prio_alpha 0), V-trace clips 1 (plain GAE),
-  no lr anneal, no torch.compile, float32.
+  no lr anneal, no torch.compile, float32. Its convolutions run in torch's default (NCHW) memory,
+  as PufferLib's own models' do; ``--pufferlib-channels-last`` runs them in channels-last memory,
+  as marlkit's ``cnn`` does, to tell that layout's share of the difference from the rest.
 
 Env steps are joint steps of one game (PufferLib counts agent steps: divided by 4). Results go to
 benchmarks/results/vs_pufferlib[_NAME].json.
@@ -111,7 +113,7 @@ def _parameters(checkpoint) -> int:
 
 # ---------------------------------------------------------------- PufferLib's side (PufferLib's venv)
 
-def pufferlib_side(updates: int, env_config: str) -> dict:
+def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
     import pufferlib.pytorch
     import pufferlib.vector
     import torch
@@ -150,7 +152,14 @@ def pufferlib_side(updates: int, env_config: str) -> dict:
             layers += [nn.Conv2d(size, out, 3, stride), nn.ReLU()]
             size = out
         flat = nn.Sequential(*layers, nn.Flatten())(torch.zeros(1, channels, height, width)).shape[1]
-        return nn.Sequential(*layers, nn.Flatten(), pufferlib.pytorch.layer_init(nn.Linear(flat, WIDTH)), nn.ReLU())
+        layers.append(nn.Flatten())
+        if channels_last:   # marlkit's cnn's memory layout (--pufferlib-channels-last)
+            layers = [ChannelsLast(), *(layer.to(memory_format=torch.channels_last) for layer in layers)]
+        return nn.Sequential(*layers, pufferlib.pytorch.layer_init(nn.Linear(flat, WIDTH)), nn.ReLU())
+
+    class ChannelsLast(nn.Module):
+        def forward(self, x):
+            return x.contiguous(memory_format=torch.channels_last)
 
     class Policy(nn.Module):
         """PufferLib's LSTMWrapper, with a GRU: a cell while acting, the whole GRU over a segment in
@@ -219,7 +228,8 @@ def run_side(side: str, python: str, args, env_config: str, log: Path) -> dict:
     """One measurement: this script under ``python`` as a process of its own; adds its whole CPU
     time (start-up and imports included) from the parent's RUSAGE_CHILDREN."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cmd = [python, __file__, "--side", side, "--updates", str(args.updates), "--env-config", env_config]
+    cmd = [python, __file__, "--side", side, "--updates", str(args.updates), "--env-config", env_config,
+           *(["--pufferlib-channels-last"] if args.pufferlib_channels_last else [])]
     with open(log, "a") as f:
         done = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=f, text=True, cwd=Path(__file__).parent)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -241,6 +251,8 @@ def main() -> None:
     parser = harness.parser(__doc__, repeats=3, overrides=False)
     parser.add_argument("--pufferlib-python", default=None, help="the Python of PufferLib's venv")
     parser.add_argument("--updates", type=int, default=8, help="updates of 2,048 env steps per measurement")
+    parser.add_argument("--pufferlib-channels-last", action="store_true",
+                        help="PufferLib's convolutions in channels-last memory, as marlkit's cnn runs them")
     parser.add_argument("--sides", nargs="+", default=["pufferlib", "marlkit"], choices=["pufferlib", "marlkit"])
     parser.add_argument("--side", choices=["pufferlib", "marlkit"], help=argparse_hidden())
     parser.add_argument("--env-config", help=argparse_hidden())
@@ -249,8 +261,8 @@ def main() -> None:
         # a measurement process: its result as the last line of its output, then out at once, past
         # threads that would keep it alive (PuffeRL's utilisation monitor, also after an error)
         try:
-            sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(args.updates,
-                                                                                               args.env_config)
+            sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
+                args.updates, args.env_config, args.pufferlib_channels_last)
             print(json.dumps(sample), flush=True)
         except Exception:
             log.exception("the %s side failed", args.side)   # its traceback, to stderr
@@ -293,6 +305,7 @@ def main() -> None:
     for k, v in ratios.items():
         print(f"marlkit / PufferLib, {k}: {v['median']:.2f}x (min {v['min']:.2f}, max {v['max']:.2f})")
     harness.write_results("vs_pufferlib", args, {"updates": args.updates, "env_steps_per_update": BATCH,
+                                                 "pufferlib_channels_last": args.pufferlib_channels_last,
                                                  "samples": samples, "summary": summary, "ratios": ratios})
 
 
