@@ -115,7 +115,6 @@ class MettaGridEnv:
     def __init__(self, cfg):
         _import_mettagrid()
         from mettagrid.policy.policy_env_interface import PolicyEnvInterface
-        from mettagrid.simulator import Simulation
 
         self.cfg = cfg
         info = PolicyEnvInterface.from_mg_cfg(cfg)
@@ -126,7 +125,6 @@ class MettaGridEnv:
         self._act_space = spaces.Discrete(len(info.action_names))
         self._action_names = info.action_names
         self._action_ids = np.zeros(0, np.int32)   # policy action index -> the game's, set per game
-        self._simulation = Simulation
         self._sim = None
         self._rng = np.random.default_rng()
 
@@ -140,6 +138,8 @@ class MettaGridEnv:
         return dict(zip(self.possible_agents, values))
 
     def reset(self, seed: int | None = None, options=None):
+        from mettagrid.simulator import Simulation
+
         if seed is not None:
             self._rng = np.random.default_rng(seed)
         if self._sim is not None:
@@ -147,14 +147,14 @@ class MettaGridEnv:
         episode_seed = int(self._rng.integers(2**31))
         self.cfg.game.map_builder.seed = episode_seed
         # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
-        self._sim = self._simulation(self.cfg, seed=episode_seed)
+        self._sim = Simulation(self.cfg, seed=episode_seed)
         self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
         self.agents = list(self.possible_agents)
         obs = self.grid(self._sim._c_sim.observations())
         return self._per_agent(obs), {a: {} for a in self.agents}
 
     def step(self, actions: dict):
-        c_sim = self._sim._c_sim
+        c_sim = self._sim._c_sim   # the game's own arrays, as mettagrid's PettingZoo and PufferLib envs read them
         # a missing agent (none, while all agents end together) does nothing
         c_sim.actions()[:] = self._action_ids[[actions.get(a, 0) for a in self.possible_agents]]
         self._sim.step()
