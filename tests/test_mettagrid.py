@@ -137,8 +137,8 @@ def test_walking_into_a_heart_picks_it_up_and_pays_one():
 def test_mappo_with_a_cnn_and_a_gru_trains_on_the_packaged_yaml(tiny):
     kwargs = {f"env.kwargs.{k}": v for k, v in SMALL.items()}
     result = marlkit.run(agent="MAPPO", env="mettagrid", seed=1,
-                         **{**tiny, **kwargs, "runner.parallels": 2, "runner.horizon": 16,
-                            "runner.total_steps": 64, "runner.overlap": False, "agents.MAPPO.chunk_length": 8})
+                         **{**tiny, **kwargs, "runner.parallels": 2, "runner.horizon": 32,
+                            "runner.total_steps": 64, "runner.overlap": False})
     assert result.steps == 64
     losses = {k: v for k, v in result.metrics.items() if k.endswith(("_loss", "entropy"))}
     assert {"agents/policy_loss", "agents/value_loss", "agents/entropy"} <= set(losses)
