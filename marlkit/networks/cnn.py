@@ -11,13 +11,16 @@ from marlkit.spec import is_channels_last
 MIN_SIDE = 7
 
 # (smallest image side, convolutions as (out channels, kernel, stride)): the first row whose side
-# fits is used. Large images get Nature-DQN's stack (cheap: the first stride-4 layer shrinks them
-# at once); smaller ones keep their resolution longer, so that a 13x13 view ends at 3x3, not 0x0.
+# fits is used. From 36 pixels up, Nature-DQN's kernels and strides (the first stride-4 layer
+# shrinks the image at once); below, 3x3 kernels that keep the resolution longer, so that a 13x13
+# view ends at 4x4, not 0x0. Widths are half Nature-DQN's: a CPU pays for every channel in every
+# step and every epoch, and on MAgent2 battle and cooperative_pong the half-width stacks learned as
+# the full ones did at a third to a tenth of the FLOPs (docs/benchmarks.md, "Convolutions").
 LAYOUTS = [
-    (84, [(32, 8, 4), (64, 4, 2), (64, 3, 1)]),
-    (28, [(32, 5, 2), (64, 3, 2), (64, 3, 1)]),
-    (13, [(32, 3, 1), (64, 3, 2), (64, 3, 1)]),
-    (MIN_SIDE, [(32, 3, 1), (64, 3, 1)]),
+    (36, [(16, 8, 4), (32, 4, 2), (32, 3, 1)]),
+    (28, [(16, 5, 2), (32, 3, 2), (32, 3, 1)]),
+    (13, [(16, 3, 2), (32, 3, 1)]),
+    (MIN_SIDE, [(16, 3, 1), (32, 3, 1)]),
 ]
 
 
@@ -46,7 +49,7 @@ class CNN(Encoder):
     The layout is read from the shape (the channel axis is the short one: ``(13, 13, 5)`` is
     channels-last, ``(4, 84, 84)`` channels-first); ``kwargs: {channels_last: true|false}``
     decides when the shape cannot. Kernels and strides follow the image size (``LAYOUTS``): from
-    Nature-DQN's 8/4, 4/2, 3/1 at 84x84 and up, down to two 3x3 convolutions at 7x7.
+    Nature-DQN's 8/4, 4/2, 3/1 at 36x36 and up, down to two 3x3 convolutions at 7x7.
     ``kwargs: {convs: [[32, 3, 2], [64, 3, 1]]}`` replaces the layout by these convolutions (out
     channels, kernel, stride); ``kwargs: {channels: [16, 32, 32]}`` sets the widths of the layout's
     convolutions (one each; a CPU pays for every channel in every step and every epoch).
