@@ -14,8 +14,8 @@ MIN_SIDE = 7
 # fits is used. From 36 pixels up, Nature-DQN's kernels and strides (the first stride-4 layer
 # shrinks the image at once); below, 3x3 kernels that keep the resolution longer, so that a 13x13
 # view ends at 4x4, not 0x0. Widths are half Nature-DQN's: a CPU pays for every channel in every
-# step and every epoch, and on MAgent2 battle and cooperative_pong the half-width stacks learned as
-# the full ones did at a third to a tenth of the FLOPs (docs/benchmarks.md, "Convolutions").
+# step and every epoch (docs/benchmarks.md, "Convolutions for small images and CPUs": a seventh of
+# the FLOPs on MAgent2 battle's 13x13 views, learning level with the full-width stack there).
 LAYOUTS = [
     (36, [(16, 8, 4), (32, 4, 2), (32, 3, 1)]),
     (28, [(16, 5, 2), (32, 3, 2), (32, 3, 1)]),
