@@ -115,11 +115,11 @@ def random_steps_per_s(cfg, steps: int, runner=None, stats: dict | None = None) 
     """Env-steps/s of uniformly random actions through marlkit's vector env for ``cfg`` (``runner``:
     another runner section), about ``steps`` env steps. ``stats``, if given, receives the loop's
     ``seconds``, its ``env_steps`` and, where the backend counts them (Ray), ``bytes_per_vector_step``."""
-    from marlkit.agents.random_policy import RandomAgent
+    from marlkit.agents.random_policy import RandomAgent, RandomConfig
     from marlkit.envs.factory import make_env_vector
     venv = make_env_vector(cfg.env, runner or cfg.runner)
     try:
-        agents = {g: RandomAgent(gs, venv.spec.state_shape, None, venv.num_envs, 1, seed=i)
+        agents = {g: RandomAgent(gs, venv.spec, RandomConfig(), seed=i)
                   for i, (g, gs) in enumerate(venv.spec.groups.items())}
         obs = venv.reset(seed=0)
         rounds = max(1, steps // venv.num_envs)
