@@ -63,7 +63,9 @@ class EnvConfig:
 @dataclass
 class RunnerConfig:
     parallels: int = field(default=16, metadata=_range(1))
-    vectorize: Literal["sync", "subprocess", "auto", "ray"] = "sync"   # auto: subprocess from two envs on
+    # auto: worker processes from two envs on (collection then overlaps the update on another core),
+    # in process for one; measured faster than sync for user YAMLs of MLPs and CNNs (docs/benchmarks.md)
+    vectorize: Literal["sync", "subprocess", "auto", "ray"] = "auto"
     workers: Optional[int] = field(default=None, metadata=_range(1))   # ray: actors (null: the cluster's room)
     # ray: null joins RAY_ADDRESS if set, else starts a Ray of this run; 'auto' or host:port joins a cluster
     ray_address: Optional[str] = None
