@@ -7,6 +7,7 @@ import pytest
 import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvAPIError
+from marlkit.errors import EnvWorkerError
 from marlkit.envs.pettingzoo import PettingZooEnv
 from toy_envs import BrokenEnv
 
@@ -60,10 +61,13 @@ def test_missing_reward_names_agent():
         _drive(PettingZooEnv(NoReward()))
 
 
-def test_api_error_surfaces_through_the_runner(env_yaml, tiny):
+@pytest.mark.parametrize("vectorize, error, where", [("sync", EnvAPIError, ""),
+                                                     ("auto", EnvWorkerError, r"env \d raised while collecting a rollout: ")])
+def test_api_error_surfaces_through_the_runner(env_yaml, tiny, vectorize, error, where):
+    """In process as itself; from a worker (the default) as the worker's error naming the env."""
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 4})
-    with pytest.raises(EnvAPIError, match="step 4: .*agent 'agent_1'"):
-        marlkit.run(agent="MAPPO", env=path, **tiny)
+    with pytest.raises(error, match=where + "(EnvAPIError: )?step 4: .*agent 'agent_1'"):
+        marlkit.run(agent="MAPPO", env=path, **tiny, **{"runner.vectorize": vectorize})
 
 
 def test_not_a_parallel_env(env_yaml, tiny):
@@ -100,7 +104,8 @@ def test_a_state_that_fails_keeps_the_last_one_with_one_warning(how, caplog, mon
 
 def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, caplog, env_yaml, monkeypatch):
     """sisl multiwalker's state() fails on the step a walker falls (its hull is gone): training
-    goes on over many such episode ends, with the one warning."""
+    goes on over many such episode ends, with the one warning (in this process: the envs step here,
+    where the log is captured; each worker process would warn once)."""
     pytest.importorskip("Box2D", reason="the games extra (pip install -e .[games]) brings Box2D")
     import marlkit
     from marlkit.envs import pettingzoo
@@ -109,7 +114,7 @@ def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, 
     with caplog.at_level(logging.WARNING, logger="marlkit.pettingzoo"):
         result = marlkit.run(agent="MAPPO", env=path, seed=1, logger="none", **{
             "runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "runner.parallels": 4,
-            "runner.horizon": 50, "runner.total_steps": 2000})
+            "runner.vectorize": "sync", "runner.horizon": 50, "runner.total_steps": 2000})
     assert result.steps == 2000 and len(result.episode_returns) >= 20
     assert all(np.isfinite(v) for v in result.metrics.values())
     warnings = [r.getMessage() for r in caplog.records if r.name == "marlkit.pettingzoo"]

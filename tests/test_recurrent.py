@@ -37,24 +37,28 @@ def test_training_replays_the_memory_acting_had(tiny, agent, lengths, length):
     assert run.metrics["agents/approx_kl"] < 1e-7
 
 
-def _replaying(base):
-    """``base`` whose loss also reports how far the critic's values in training are from those it
-    gave while acting (stored in the rollout; no value normalisation, so they are compared as they are)."""
+class _Replaying:
+    """An agent whose loss also reports how far the critic's values in training are from those it
+    gave while acting (stored in the rollout; no value normalisation, so they are compared as they
+    are). Module-level classes: the env workers that act get the agents pickled by name."""
 
-    class Replaying(base):
-        def loss(self, batch):
-            loss, metrics = super().loss(batch)
-            with torch.no_grad():
-                value, _ = self.values(batch["obs"], batch["state"], self.split_hidden(batch["hidden"][0])[1],
-                                       batch["episode_start"])
-                metrics["value_replay_error"] = (value - batch["old_value"]).abs().max()
-            return loss, metrics
-
-    return Replaying
+    def loss(self, batch):
+        loss, metrics = super().loss(batch)
+        with torch.no_grad():
+            value, _ = self.values(batch["obs"], batch["state"], self.split_hidden(batch["hidden"][0])[1],
+                                   batch["episode_start"])
+            metrics["value_replay_error"] = (value - batch["old_value"]).abs().max()
+        return loss, metrics
 
 
-register_agent("MAPPO_replaying")(_replaying(MAPPO))
-register_agent("IPPO_replaying")(_replaying(IPPO))
+@register_agent("MAPPO_replaying")
+class MAPPOReplaying(_Replaying, MAPPO):
+    pass
+
+
+@register_agent("IPPO_replaying")
+class IPPOReplaying(_Replaying, IPPO):
+    pass
 
 
 @pytest.mark.parametrize("agent", ["MAPPO_replaying", "IPPO_replaying"])
