@@ -1,5 +1,6 @@
 """An env that breaks its own API gets an error naming the agent and the step."""
 import logging
+import tempfile
 
 import numpy as np
 import pytest
@@ -63,8 +64,9 @@ def test_missing_reward_names_agent():
 
 @pytest.mark.parametrize("vectorize, error, where", [("sync", EnvAPIError, ""),
                                                      ("auto", EnvWorkerError, r"env \d raised while collecting a rollout: ")])
-def test_api_error_surfaces_through_the_runner(env_yaml, tiny, vectorize, error, where):
+def test_api_error_surfaces_through_the_runner(env_yaml, tiny, vectorize, error, where, tmp_path, monkeypatch):
     """In process as itself; from a worker (the default) as the worker's error naming the env."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))   # the worker's traceback file, before any run dir
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 4})
     with pytest.raises(error, match=where + "(EnvAPIError: )?step 4: .*agent 'agent_1'"):
         marlkit.run(agent="MAPPO", env=path, **tiny, **{"runner.vectorize": vectorize})
