@@ -8,8 +8,8 @@ import pytest
 import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvAPIError
-from marlkit.errors import EnvWorkerError
 from marlkit.envs.pettingzoo import PettingZooEnv
+from marlkit.errors import EnvWorkerError
 from toy_envs import BrokenEnv
 
 
