@@ -75,6 +75,16 @@ def interrupted_when(ready, args: list[str], environ: dict) -> tuple[subprocess.
     return proc, out, err
 
 
+def process_line(pid: int) -> str:
+    """``pid``, its state and its command line, for a failure message."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"{pid}: gone while read"
+    return f"{pid} [{state}] {cmdline[:300]}"
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below ``pid``, read from /proc."""
     parent = {}
@@ -113,7 +123,9 @@ def test_a_study_killed_outright_leaves_no_run_behind(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in below):
         time.sleep(0.2)
-    assert not [p for p in below if Path(f"/proc/{p}").exists()]
+    left = [p for p in below if Path(f"/proc/{p}").exists()]
+    assert not left, "still alive 120 s after the kill:\n" + "\n".join(
+        [process_line(p) for p in left] + [f"{log.name}: ...{log.read_text()[-600:]}" for log in logs])
     for agent, log in zip(AGENTS, logs):
         steps = read_steps(root / "studies" / "tiny" / "signal" / agent / "seed1" / "latest.pt")
         assert 0 < steps < 1_000_000
