@@ -117,6 +117,9 @@ def test_packaged_profile_via_config():
     with pytest.raises(ConfigError, match="--config 'fats': no such file, and no packaged profile of that name "
                                           "\\(did you mean 'fast'\\?\\)"):
         build_config("MAPPO", "mpe_spread", config="fats")
+    bound = build_config("MAPPO", "mpe_spread", config="update_bound")
+    assert (bound.runner.overlap, bound.runner.update_threads, bound.runner.torch_threads) == (False, 2, 1)
+    assert not bound.runner.overlapped() and bound.runner.envs_in_workers()
 
 
 def test_an_env_yaml_builds_on_the_env_its_base_names(tmp_path):

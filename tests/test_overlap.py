@@ -63,6 +63,43 @@ def test_acting_uses_the_weights_of_the_update_before_the_last(tiny, overlap, la
         assert LagProbe.collected_with[r] == {LagProbe.updated[max(r - lag, 0)]}, r
 
 
+
+@register_agent("MAPPO_THREAD_PROBE")
+class ThreadProbe(MAPPO):
+    """MAPPO whose actions carry the torch thread count they were acted with (wherever acting
+    runs), and which records the count of each update."""
+
+    acted_with: list = []
+    updated_with: list = []
+
+    def act(self, *args, **kwargs):
+        out = super().act(*args, **kwargs)
+        out.extras["threads"] = np.full(out.log_prob.shape, torch.get_num_threads())
+        return out
+
+    def update(self, batch, progress=None):
+        ThreadProbe.acted_with.append(set(batch.rollout.extras["threads"].ravel().tolist()))
+        ThreadProbe.updated_with.append(torch.get_num_threads())
+        return super().update(batch, progress)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("vectorize", ["subprocess", "sync"])
+def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(tiny, overlap, vectorize):
+    """``runner.update_threads`` is the count of every update, beside collection or not, while
+    acting, in the workers or here, keeps ``runner.torch_threads``, and this process has its count
+    back when training ends."""
+    ThreadProbe.acted_with.clear()
+    ThreadProbe.updated_with.clear()
+    before = torch.get_num_threads()
+    marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
+                **{**tiny, **OVERLAP, "runner.vectorize": vectorize, "runner.overlap": overlap,
+                   "runner.total_steps": 400, "runner.torch_threads": 1, "runner.update_threads": 2})
+    assert ThreadProbe.updated_with == [2] * 4
+    assert ThreadProbe.acted_with == [{1}] * 4
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
+
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])
 def test_an_overlapped_run_resumes_exactly_with_its_next_rollout_saved(tiny, agent):

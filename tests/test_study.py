@@ -341,6 +341,9 @@ def test_jobs_fill_the_cores_and_memory_and_never_oversubscribe_them():
     assert size_jobs(runs[:1], None, cores=16, available=64 * GB).execution(runs[0])["runner"]["workers"] == 16
     sync = planned(GB // 4, "sync", None)
     assert Sizing(2, 1).execution(sync) == {"runner": {"torch_threads": 1}}
+    sync.cfg.runner.update_threads = 2   # the update's threads share out the cores too
+    assert Sizing(2, 1).execution(sync) == {"runner": {"torch_threads": 1, "update_threads": 1}}
+    assert Sizing(1, 4).execution(sync)["runner"]["update_threads"] == 2
     with pytest.raises(Exception, match=r"--jobs 3: this machine has 2 cores"):
         size_jobs(runs, 3, cores=2, available=64 * GB)
     with pytest.raises(Exception, match=r"--jobs 4: each run needs about 0.8 GB and 3.0 GB of memory is available, "

@@ -4,18 +4,30 @@ With ``background`` the update runs in a thread of its own while the collector f
 rollout in the main thread. Both spend most of their time in torch kernels, numpy and waits on env
 worker processes, which release the interpreter lock, so the two use both cores. The main thread
 keeps the signal handlers: a stop request reaches the update through ``Progress.stop_requested``.
+
+The update runs on ``threads`` torch threads (``runner.update_threads``), acting on the runner's
+(``runner.torch_threads``): OpenMP's thread count belongs to the thread that sets it, so the
+update's thread sets its own and gives the count back when done. The count is fixed for the whole
+update, never sized by what runs beside it: torch's kernels round sums otherwise on another number
+of threads (a narrow head's weight gradient already does), and a count that followed timing would
+make a run trained twice differ.
 """
 from __future__ import annotations
 
 import threading
 import time
 
+import torch
+
 from marlkit.agents.base import Agent, Progress
 
 
 class Learner:
-    def __init__(self, agents: dict[str, Agent], learners: list[str], background: bool):
+    def __init__(self, agents: dict[str, Agent], learners: list[str], background: bool, threads: int | None = None):
         self.agents, self.learners, self.background = agents, learners, background
+        # torch.get_num_threads also settles this thread's count, before an update's thread stores another
+        self._acting_threads = torch.get_num_threads()
+        self.threads = threads or self._acting_threads
         self._thread: threading.Thread | None = None
         self._result: dict | None = None
         self._error: BaseException | None = None
@@ -33,6 +45,10 @@ class Learner:
         self._thread.start()
 
     def _update(self, batches: dict, progress: Progress) -> None:
+        # only on a change: setting the count also empties oneDNN's cache of convolution kernels
+        own = self.threads != self._acting_threads
+        if own:
+            torch.set_num_threads(self.threads)
         try:
             metrics = {}
             for g in self.learners:
@@ -44,6 +60,9 @@ class Learner:
             self._result = metrics
         except BaseException as exc:   # re-raised in the main thread by finish()
             self._error = exc
+        finally:
+            if own:
+                torch.set_num_threads(self._acting_threads)
 
     def finish_quietly(self) -> bool:
         """Wait for the update while another error unwinds; -> whether it finished without one of

@@ -278,7 +278,8 @@ class Runner:
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
         # with the envs in this process, the update and the next rollout take turns instead
-        learner = Learner(self.agents, learners, background=overlap and rc.envs_in_workers())
+        learner = Learner(self.agents, learners, background=overlap and rc.envs_in_workers(),
+                          threads=rc.update_threads)
         bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
                           desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         clock = {"t": time.perf_counter(), "steps": state.steps}   # of the last log line

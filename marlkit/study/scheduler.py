@@ -80,6 +80,8 @@ class Sizing:
         to feed and copy observations to, which on one core only costs time."""
         rc, cpus = run.cfg.runner, self.cpus(run)
         runner = {"torch_threads": min(rc.torch_threads or cpus, cpus)}
+        if rc.update_threads:
+            runner["update_threads"] = min(rc.update_threads, cpus)
         if rc.envs_in_processes():
             if self.cores == 1:
                 runner.update(vectorize="sync", overlap=rc.overlapped(), act_in_workers=None)
