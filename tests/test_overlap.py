@@ -1,6 +1,7 @@
 """Collection beside the update (``runner.overlap``): policy lag exactly 1, exact resume with the
 rollout in flight, determinism, and the settings it refuses."""
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -83,22 +84,54 @@ class ThreadProbe(MAPPO):
         return super().update(batch, progress)
 
 
+def _new_thread_count() -> int:
+    counts = []
+    thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    return counts[0]
+
+
 @pytest.mark.parametrize("overlap", [True, False])
-@pytest.mark.parametrize("vectorize", ["subprocess", "sync"])
-def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(tiny, overlap, vectorize):
+@pytest.mark.parametrize("where", [{"runner.act_in_workers": True}, {"runner.act_in_workers": False},
+                                   {"runner.vectorize": "sync"}], ids=["workers act", "this process acts",
+                                                                        "envs in this process"])
+def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(tiny, overlap, where):
     """``runner.update_threads`` is the count of every update, beside collection or not, while
-    acting, in the workers or here, keeps ``runner.torch_threads``, and this process has its count
-    back when training ends."""
+    acting, in the workers or in this process beside the update's thread, keeps
+    ``runner.torch_threads``; this process and threads started later have the acting count back
+    when training ends."""
     ThreadProbe.acted_with.clear()
     ThreadProbe.updated_with.clear()
     before = torch.get_num_threads()
-    marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
-                **{**tiny, **OVERLAP, "runner.vectorize": vectorize, "runner.overlap": overlap,
-                   "runner.total_steps": 400, "runner.torch_threads": 1, "runner.update_threads": 2})
-    assert ThreadProbe.updated_with == [2] * 4
-    assert ThreadProbe.acted_with == [{1}] * 4
-    assert torch.get_num_threads() == 1
-    torch.set_num_threads(before)
+    try:
+        marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
+                    **{**tiny, **OVERLAP, **where, "runner.overlap": overlap, "runner.total_steps": 400,
+                       "runner.torch_threads": 1, "runner.update_threads": 2})
+        assert ThreadProbe.updated_with == [2] * 4
+        assert ThreadProbe.acted_with == [{1}] * 4
+        assert torch.get_num_threads() == 1 and _new_thread_count() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@register_agent("MAPPO_FAILING_UPDATE")
+class FailingUpdate(MAPPO):
+    def update(self, batch, progress=None):
+        raise RuntimeError("the update failed")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_failed_update_gives_the_acting_thread_count_back(tiny, overlap):
+    before = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError, match="the update failed"):
+            marlkit.run(agent="MAPPO_FAILING_UPDATE", env="mpe_spread", seed=3,
+                        **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.total_steps": 400,
+                           "runner.torch_threads": 1, "runner.update_threads": 2})
+        assert torch.get_num_threads() == 1 and _new_thread_count() == 1
+    finally:
+        torch.set_num_threads(before)
 
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])

@@ -125,7 +125,7 @@ def test_a_study_killed_outright_leaves_no_run_behind(tmp_path):
         time.sleep(0.2)
     left = [p for p in below if Path(f"/proc/{p}").exists()]
     assert not left, "still alive 120 s after the kill:\n" + "\n".join(
-        [process_line(p) for p in left] + [f"{log.name}: ...{log.read_text()[-600:]}" for log in logs])
+        [process_line(p) for p in left] + [f"{log.name}: ...{log.read_text()[-600:] if log.is_file() else '(none)'}" for log in logs])
     for agent, log in zip(AGENTS, logs):
         steps = read_steps(root / "studies" / "tiny" / "signal" / agent / "seed1" / "latest.pt")
         assert 0 < steps < 1_000_000

@@ -7,7 +7,8 @@ keeps the signal handlers: a stop request reaches the update through ``Progress.
 
 The update runs on ``threads`` torch threads (``runner.update_threads``), acting on the runner's
 (``runner.torch_threads``): OpenMP's thread count belongs to the thread that sets it, so the
-update's thread sets its own and gives the count back when done. The count is fixed for the whole
+update's thread sets its own; torch also keeps the last count set for threads that start later,
+so the update gives the acting count back when done, stopped or failed. The count is fixed for the whole
 update, never sized by what runs beside it: torch's kernels round sums otherwise on another number
 of threads (a narrow head's weight gradient already does), and a count that followed timing would
 make a run trained twice differ.
@@ -47,9 +48,9 @@ class Learner:
     def _update(self, batches: dict, progress: Progress) -> None:
         # only on a change: setting the count also empties oneDNN's cache of convolution kernels
         own = self.threads != self._acting_threads
-        if own:
-            torch.set_num_threads(self.threads)
         try:
+            if own:
+                torch.set_num_threads(self.threads)
             metrics = {}
             for g in self.learners:
                 agent = self.agents[g]

@@ -2,12 +2,12 @@
 (``scheduler.LocalJobs``), or ``python -m marlkit.study.job RUN_DIR REQUEST`` (a Ray task's).
 
 ``REQUEST`` is JSON: ``agent``, ``env``, ``seed``, ``overrides`` (the study's ``set``) and
-``execution`` (settings of this process alone, ``runner.workers`` and ``runner.torch_threads``, which
-may differ between the processes a run takes). The run is an ordinary ``--benchmark`` run in
-``RUN_DIR``: started there, or continued from its ``latest.pt`` as ``marlkit --resume RUN_DIR`` would,
-or, where training ended but the report was not written (stopped during its last rollout), its
-report written from the checkpoint. Exit codes are marlkit's: 0 done, 1 failed, 2 bad config,
-130 interrupted (saved).
+``execution`` (settings of this process alone, ``runner.workers``, ``runner.torch_threads`` and
+``runner.update_threads``, which may differ between the processes a run takes). The run is an
+ordinary ``--benchmark`` run in ``RUN_DIR``: started there, or continued from its ``latest.pt`` as
+``marlkit --resume RUN_DIR`` would, or, where training ended but the report was not written
+(stopped during its last rollout), its report written from the checkpoint. Exit codes are
+marlkit's: 0 done, 1 failed, 2 bad config, 130 interrupted (saved).
 """
 from __future__ import annotations
 
