@@ -90,7 +90,7 @@ class RunnerConfig:
     log_interval: int = field(default=5_000, metadata=_range(1))
     torch_threads: Optional[int] = field(default=1, metadata=_range(1))
     # torch threads of the update (null: torch_threads); acting keeps torch_threads. 2 pays where the
-    # update bounds the run and nothing is collected beside it (overlap: false), docs/benchmarks.md
+    # update bounds the run, most with nothing collected beside it (overlap: false), docs/benchmarks.md
     update_threads: Optional[int] = field(default=None, metadata=_range(1))
     run_root: str = "runs"
     progress: bool = True
