@@ -1,7 +1,9 @@
 """Collection beside the update (``runner.overlap``): policy lag exactly 1, exact resume with the
 rollout in flight, determinism, and the settings it refuses."""
 import pickle
+import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +134,36 @@ def test_a_failed_update_gives_the_acting_thread_count_back(tiny, overlap):
         assert torch.get_num_threads() == 1 and _new_thread_count() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@register_agent("MAPPO_SLOW_UPDATE")
+class SlowUpdate(MAPPO):
+    def update(self, batch, progress=None):
+        time.sleep(0.2)
+        return super().update(batch, progress)
+
+
+@register_agent("MAPPO_SLOW_ACT")
+class SlowAct(MAPPO):
+    def act(self, *args, **kwargs):
+        time.sleep(0.01)
+        return super().act(*args, **kwargs)
+
+
+@pytest.mark.parametrize("agent, settings, hinted", [
+    ("MAPPO_SLOW_UPDATE", {}, True),
+    ("MAPPO_SLOW_UPDATE", {"runner.update_threads": 2}, False),   # the count is the user's already
+    ("MAPPO_SLOW_ACT", {}, False),                                # collection bounds the run
+], ids=["update bound", "update threads set", "collection bound"])
+def test_a_run_bound_by_its_update_says_once_how_it_may_run_faster(tiny, capsys, agent, settings, hinted):
+    marlkit.run(agent=agent, env="mpe_spread", seed=3,
+                **{**tiny, **OVERLAP, **settings, "runner.total_steps": 1200, "runner.log_interval": 1200,
+                   "runner.eval_interval": 10**6})
+    out = capsys.readouterr().out
+    assert out.count("--config update_bound") == (1 if hinted else 0), out
+    if hinted:
+        waited = int(re.search(r"collection waited for it (\d+)% of the last (\d+) updates", out).group(1))
+        assert 50 <= waited <= 100
 
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])

@@ -282,7 +282,8 @@ class Runner:
                           threads=rc.update_threads)
         bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
                           desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
-        clock = {"t": time.perf_counter(), "steps": state.steps}   # of the last log line
+        # of the last log line
+        clock = {"t": time.perf_counter(), "steps": state.steps, "updates": state.updates, "waited": 0.0}
         # env steps this process stepped: an overlapped run also holds the rollout past its last update
         collected = lambda: state.steps + (per_update if state.pending else 0)   # noqa: E731
         start_t, start_collected = clock["t"], collected()
@@ -296,7 +297,7 @@ class Runner:
                 bar.update(per_update)
                 result.metrics = metrics
                 if state.steps >= state.next_log or state.steps >= rc.total_steps:
-                    self._log(state, metrics, bar, clock, learner.wait_s if overlap else None)
+                    self._log(state, metrics, bar, clock, learner if overlap else None)
                 finished = state.steps >= rc.total_steps
                 if stop:
                     self._save_latest(state)
@@ -376,15 +377,21 @@ class Runner:
         metrics.update({f"env/{k}": v for k, v in mean_stats(state.recent_stats).items()})
         return metrics
 
-    def _log(self, state: TrainState, metrics: dict, bar, clock: dict, update_wait_s: float | None) -> None:
+    def _log(self, state: TrainState, metrics: dict, bar, clock: dict, learner: Learner | None) -> None:
         """A log line (and the progress bar's figures): env-steps/s since the last one, worker
-        restarts, and with overlap how long the collector waited for the update (> 0 when the
-        update is the slower of the two)."""
+        restarts, and with overlap (``learner``) how long the collector waited for the update (> 0
+        when the update is the slower of the two), with a hint, once, where that bounds the run."""
         now = time.perf_counter()
         metrics["perf/env_steps_per_s"] = (state.steps - clock["steps"]) / max(now - clock["t"], 1e-9)
-        clock.update(t=now, steps=state.steps)
-        if update_wait_s is not None:
-            metrics["perf/update_wait_s"] = update_wait_s
+        if learner is not None:
+            metrics["perf/update_wait_s"] = learner.wait_s
+            hint = learner.bound_hint(learner.waited_s - clock["waited"], now - clock["t"],
+                                      state.updates - clock["updates"])
+            if hint and not clock.get("hinted"):
+                tqdm.write(hint)
+                clock["hinted"] = True
+            clock["waited"] = learner.waited_s
+        clock.update(t=now, steps=state.steps, updates=state.updates)
         if self.venv.restarts:   # env workers replaced after a loss (vectorize: ray)
             metrics["env/worker_restarts"] = self.venv.restarts
         self.logger.log(metrics, state.steps)
