@@ -86,6 +86,17 @@ class ThreadProbe(MAPPO):
         return super().update(batch, progress)
 
 
+THREADS = {"runner.torch_threads": 1, "runner.update_threads": 2}
+
+
+@pytest.fixture
+def threads_back():
+    """This process's torch thread count as it was before the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
 def _new_thread_count() -> int:
     counts = []
     thread = threading.Thread(target=lambda: counts.append(torch.get_num_threads()))
@@ -98,23 +109,18 @@ def _new_thread_count() -> int:
 @pytest.mark.parametrize("where", [{"runner.act_in_workers": True}, {"runner.act_in_workers": False},
                                    {"runner.vectorize": "sync"}], ids=["workers act", "this process acts",
                                                                         "envs in this process"])
-def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(tiny, overlap, where):
+def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(tiny, threads_back, overlap, where):
     """``runner.update_threads`` is the count of every update, beside collection or not, while
     acting, in the workers or in this process beside the update's thread, keeps
     ``runner.torch_threads``; this process and threads started later have the acting count back
     when training ends."""
     ThreadProbe.acted_with.clear()
     ThreadProbe.updated_with.clear()
-    before = torch.get_num_threads()
-    try:
-        marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
-                    **{**tiny, **OVERLAP, **where, "runner.overlap": overlap, "runner.total_steps": 400,
-                       "runner.torch_threads": 1, "runner.update_threads": 2})
-        assert ThreadProbe.updated_with == [2] * 4
-        assert ThreadProbe.acted_with == [{1}] * 4
-        assert torch.get_num_threads() == 1 and _new_thread_count() == 1
-    finally:
-        torch.set_num_threads(before)
+    marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
+                **{**tiny, **OVERLAP, **where, **THREADS, "runner.overlap": overlap, "runner.total_steps": 400})
+    assert ThreadProbe.updated_with == [2] * 4
+    assert ThreadProbe.acted_with == [{1}] * 4
+    assert torch.get_num_threads() == 1 and _new_thread_count() == 1
 
 
 @register_agent("MAPPO_FAILING_UPDATE")
@@ -124,16 +130,11 @@ class FailingUpdate(MAPPO):
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_a_failed_update_gives_the_acting_thread_count_back(tiny, overlap):
-    before = torch.get_num_threads()
-    try:
-        with pytest.raises(RuntimeError, match="the update failed"):
-            marlkit.run(agent="MAPPO_FAILING_UPDATE", env="mpe_spread", seed=3,
-                        **{**tiny, **OVERLAP, "runner.overlap": overlap, "runner.total_steps": 400,
-                           "runner.torch_threads": 1, "runner.update_threads": 2})
-        assert torch.get_num_threads() == 1 and _new_thread_count() == 1
-    finally:
-        torch.set_num_threads(before)
+def test_a_failed_update_gives_the_acting_thread_count_back(tiny, threads_back, overlap):
+    with pytest.raises(RuntimeError, match="the update failed"):
+        marlkit.run(agent="MAPPO_FAILING_UPDATE", env="mpe_spread", seed=3,
+                    **{**tiny, **OVERLAP, **THREADS, "runner.overlap": overlap, "runner.total_steps": 400})
+    assert torch.get_num_threads() == 1 and _new_thread_count() == 1
 
 
 @register_agent("MAPPO_SLOW_UPDATE")
