@@ -193,11 +193,16 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, en
 
 
 def test_a_run_whose_env_breaks_at_its_first_step_leaves_no_directory(tmp_path, env_yaml):
+    """The worker's traceback, with no run directory to hold it, goes to a temp file the error names
+    (here in the test's own folder)."""
     root = tmp_path / "runs"
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 1})
-    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY)
+    out = cli("--env", path, "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY,
+              TMPDIR=str(tmp_path))
     assert out.returncode == 1 and "EnvAPIError" in out.stderr and "agent_1" in out.stderr
     assert not root.exists() or not any(root.rglob("*"))
+    [log] = tmp_path.glob("marlkit-error-*.log")
+    assert f"the worker's traceback is in {log}" in out.stderr
 
 
 def test_a_missing_logger_package_is_a_one_line_error_and_leaves_no_directory(tmp_path):
