@@ -124,8 +124,8 @@ def test_a_study_killed_outright_leaves_no_run_behind(tmp_path):
     while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in below):
         time.sleep(0.2)
     left = [p for p in below if Path(f"/proc/{p}").exists()]
-    assert not left, "still alive 120 s after the kill:\n" + "\n".join(
-        [process_line(p) for p in left] + [f"{log.name}: ...{log.read_text()[-600:] if log.is_file() else '(none)'}" for log in logs])
+    tails = [f"{log.name}: ...{log.read_text()[-600:] if log.is_file() else '(none)'}" for log in logs]
+    assert not left, "still alive 120 s after the kill:\n" + "\n".join([process_line(p) for p in left] + tails)
     for agent, log in zip(AGENTS, logs):
         steps = read_steps(root / "studies" / "tiny" / "signal" / agent / "seed1" / "latest.pt")
         assert 0 < steps < 1_000_000

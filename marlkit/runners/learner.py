@@ -8,10 +8,10 @@ keeps the signal handlers: a stop request reaches the update through ``Progress.
 The update runs on ``threads`` torch threads (``runner.update_threads``), acting on the runner's
 (``runner.torch_threads``): OpenMP's thread count belongs to the thread that sets it, so the
 update's thread sets its own; torch also keeps the last count set for threads that start later,
-so the update gives the acting count back when done, stopped or failed. The count is fixed for the whole
-update, never sized by what runs beside it: torch's kernels round sums otherwise on another number
-of threads (a narrow head's weight gradient already does), and a count that followed timing would
-make a run trained twice differ.
+so the update gives the acting count back when done, stopped or failed. The count is fixed for
+the whole update, never sized by what runs beside it: torch's kernels round sums otherwise on
+another number of threads (a narrow head's weight gradient already does), and a count that
+followed timing would make a run trained twice differ.
 """
 from __future__ import annotations
 
