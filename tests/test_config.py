@@ -122,6 +122,37 @@ def test_packaged_profile_via_config():
     assert not bound.runner.overlapped() and bound.runner.envs_in_workers()
 
 
+def _threads(cfg):
+    return cfg.runner.overlapped(), cfg.runner.update_threads
+
+
+@pytest.mark.parametrize("sets, expected", [
+    ([], (True, None)),                                                   # mlps: collection beside the update
+    (["agents.MAPPO.actor.name=cnn"], (False, 2)),                        # convolutions: the update alone, 2 threads
+    (["agents.MAPPO.critic={name: gru, kwargs: {encoder: cnn}}"], (False, 2)),
+    (["agents.MAPPO.actor.name=mixed"], (False, 2)),
+    (["agents.MAPPO.actor.name=cnn", "runner.overlap=true"], (True, None)),   # what the config says stays
+    (["agents.MAPPO.actor.name=cnn", "runner.update_threads=1"], (False, 1)),
+    (["agents.MAPPO.actor.name=cnn", "runner.torch_threads=2"], (False, None)),
+    (["agents.IPPO.actor.name=cnn"], (True, None)),                       # a section this run does not use
+    (["agents.IPPO.actor.name=cnn", "groups.agents.agent=IPPO"], (False, 2)),     # a group's own agent
+    (["agents.IPPO.actor.name=cnn", "groups.agents.agent=IPPO", "groups.agents.train=false"], (True, None)),
+    (["agents.MAPPO.actor={name: gru, kwargs: {encoder: mlp}}"], (True, None)),
+])
+def test_a_run_that_learns_with_convolutions_updates_alone_on_two_threads(sets, expected):
+    cfg = build_config("MAPPO", "mpe_spread", overrides=parse_set(sets))
+    assert _threads(cfg) == expected
+
+
+def test_packaged_image_envs_keep_the_settings_they_were_measured_with(tmp_path):
+    coop = build_config("MAPPO", "doom_coop")
+    assert _threads(coop) == (True, None) and coop.runner.overlap is True
+    assert _threads(build_config("MAPPO", "mettagrid")) == (False, 1)
+    # resolved once, where the run begins: its config.yaml holds the values
+    bound = build_config("MAPPO", "mpe_spread", overrides=parse_set(["agents.MAPPO.actor.name=cnn"]))
+    assert (bound.to_dict()["runner"]["overlap"], bound.to_dict()["runner"]["update_threads"]) == (False, 2)
+
+
 def test_an_env_yaml_builds_on_the_env_its_base_names(tmp_path):
     cfg = build_config("MAPPO", "doom_deathmatch")
     assert cfg.env.scenario == "deathmatch.cfg" and len(cfg.env.buttons) == 7 and cfg.env.respawn

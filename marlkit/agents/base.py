@@ -19,6 +19,7 @@ MAT, COMA) and ``agents/value_decomposition.py`` (Q-learning: IQL, VDN, QMIX).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,10 +30,11 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from marlkit.config import to_plain
+from marlkit.config import ModelConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import EnvStreams
+from marlkit.registry import UnknownNameError, get_model
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Storage, StorageLayout
 
@@ -119,6 +121,15 @@ class Agent:
     def check_config(cls, cfg, runner, key: str) -> None:
         """Reject settings that cannot work, before any env starts; ``key`` is where ``cfg`` sits
         in the run config (``agents.MAPPO``), for the message."""
+
+    @classmethod
+    def update_bound(cls, cfg) -> bool:
+        """Whether one of this agent's networks (its ``ModelConfig`` settings) is ``update_bound``:
+        convolutions, whose update bounds a CPU run rather than collection."""
+        if not dataclasses.is_dataclass(cfg):
+            return False
+        models = [getattr(cfg, f.name) for f in dataclasses.fields(cfg)]
+        return any(isinstance(m, ModelConfig) and _bounds_the_update(m) for m in models)
 
     @classmethod
     def check_group(cls, group: GroupSpec) -> None:
@@ -237,6 +248,13 @@ class Agent:
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         self.load_state_dict(torch.load(path, weights_only=False, map_location="cpu"), weights_only)
+
+
+def _bounds_the_update(model: ModelConfig) -> bool:
+    try:
+        return get_model(model.name).bounds_the_update(model)
+    except UnknownNameError:   # refused with its message when the agent builds the model
+        return False
 
 
 def check_compatible(state: dict, agent: str, group: GroupSpec) -> None:

@@ -40,7 +40,16 @@ class Encoder(nn.Module):
     # ``kwargs`` keys the agent fills in from the env's spec unless the config sets them:
     # ``channels_last`` (the declared image layout), ``images`` (the image parts of a flat observation)
     spec_kwargs: tuple[str, ...] = ()
+    # convolutions: on a CPU their update costs more time per sample than collecting it, so a run
+    # that learns with one updates on 2 threads with nothing beside it, unless its config says
+    # otherwise (RunnerConfig.settle_update_bound; measured in docs/benchmarks.md)
+    update_bound = False
     out_dim: int
+
+    @classmethod
+    def bounds_the_update(cls, cfg) -> bool:
+        """Whether this model, built with ``cfg`` (a ModelConfig), has ``update_bound`` parts."""
+        return cls.update_bound
 
     def encode(self, x: torch.Tensor, n_ids: int = 0) -> torch.Tensor:
         """``[N, *input_shape]`` -> ``[N, out_dim]``, or ``[N, n_ids, out_dim]`` (see ``takes_ids``)

@@ -59,6 +59,7 @@ class CNN(Encoder):
     """
 
     spec_kwargs = ("channels_last",)
+    update_bound = True
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()

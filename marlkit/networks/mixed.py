@@ -24,6 +24,7 @@ class Mixed(Encoder):
     """
 
     spec_kwargs = ("channels_last", "images")
+    update_bound = True   # each image goes through the packaged cnn
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()

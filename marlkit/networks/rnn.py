@@ -23,6 +23,14 @@ class GRU(Encoder):
     is_recurrent = True
     spec_kwargs = ("channels_last", "images")   # handed on to the encoder, which may take them
 
+    @classmethod
+    def bounds_the_update(cls, cfg: ModelConfig) -> bool:
+        try:
+            encoder = get_model(cfg.kwargs.get("encoder", "mlp"))
+        except UnknownNameError:   # refused with its message when the model is built
+            return False
+        return encoder.bounds_the_update(cfg)
+
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
         name = cfg.kwargs.get("encoder", "mlp")
