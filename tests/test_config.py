@@ -3,7 +3,7 @@ import pytest
 import yaml
 
 from marlkit.api import build_config
-from marlkit.config import ConfigError, parse_set
+from marlkit.config import ConfigError, from_dict, parse_set
 from marlkit.registry import UnknownNameError
 
 
@@ -151,6 +151,11 @@ def test_packaged_image_envs_keep_the_settings_they_were_measured_with(tmp_path)
     # resolved once, where the run begins: its config.yaml holds the values
     bound = build_config("MAPPO", "mpe_spread", overrides=parse_set(["agents.MAPPO.actor.name=cnn"]))
     assert (bound.to_dict()["runner"]["overlap"], bound.to_dict()["runner"]["update_threads"]) == (False, 2)
+    # a run dir's config is taken as it is: a run saved with nulls (before this default) resumes
+    # with the overlap it was started with
+    saved = bound.to_dict()
+    saved["runner"].update(overlap=None, update_threads=None)
+    assert _threads(from_dict(saved)) == (True, None)
 
 
 def test_an_env_yaml_builds_on_the_env_its_base_names(tmp_path):
