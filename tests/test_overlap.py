@@ -1,5 +1,6 @@
 """Collection beside the update (``runner.overlap``): policy lag exactly 1, exact resume with the
 rollout in flight, determinism, and the settings it refuses."""
+import os
 import pickle
 import re
 import threading
@@ -74,6 +75,7 @@ class ThreadProbe(MAPPO):
 
     acted_with: list = []
     updated_with: list = []
+    updated_at_niceness: list = []
 
     def act(self, *args, **kwargs):
         out = super().act(*args, **kwargs)
@@ -83,7 +85,13 @@ class ThreadProbe(MAPPO):
     def update(self, batch, progress=None):
         ThreadProbe.acted_with.append(set(batch.rollout.extras["threads"].ravel().tolist()))
         ThreadProbe.updated_with.append(torch.get_num_threads())
+        ThreadProbe.updated_at_niceness.append(_niceness())
         return super().update(batch, progress)
+
+
+def _niceness() -> int:
+    """This thread's (Linux schedules threads one by one)."""
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
 
 THREADS = {"runner.torch_threads": 1, "runner.update_threads": 2}
@@ -116,11 +124,17 @@ def test_the_update_runs_on_its_own_thread_count_and_acting_keeps_the_runners(ti
     when training ends."""
     ThreadProbe.acted_with.clear()
     ThreadProbe.updated_with.clear()
+    ThreadProbe.updated_at_niceness.clear()
+    before = _niceness()
     marlkit.run(agent="MAPPO_THREAD_PROBE", env="mpe_spread", seed=3,
                 **{**tiny, **OVERLAP, **where, **THREADS, "runner.overlap": overlap, "runner.total_steps": 400})
     assert ThreadProbe.updated_with == [2] * 4
     assert ThreadProbe.acted_with == [{1}] * 4
     assert torch.get_num_threads() == 1 and _new_thread_count() == 1
+    # beside collection the update yields the cores to it; run after it, at the runner's priority
+    beside = overlap and "runner.vectorize" not in where
+    assert ThreadProbe.updated_at_niceness == [min(19, before + 10) if beside else before] * 4
+    assert _niceness() == before
 
 
 @register_agent("MAPPO_FAILING_UPDATE")
