@@ -25,11 +25,7 @@ class GRU(Encoder):
 
     @classmethod
     def bounds_the_update(cls, cfg: ModelConfig) -> bool:
-        try:
-            encoder = get_model(cfg.kwargs.get("encoder", "mlp"))
-        except UnknownNameError:   # refused with its message when the model is built
-            return False
-        return encoder.bounds_the_update(cfg)
+        return get_model(cfg.kwargs.get("encoder", "mlp")).bounds_the_update(cfg)
 
     def __init__(self, input_shape: tuple[int, ...], cfg: ModelConfig):
         super().__init__()
