@@ -17,8 +17,8 @@ and are in the parent's second figure, each process's whole CPU time from its st
 Both sides run in one process with one torch thread, the envs stepped in that process (marlkit's
 ``sync`` vector env, PufferLib's ``Serial`` backend), 16 games of 4 agents.
 
-- marlkit: ``marlkit.run(agent="MAPPO", env="mettagrid")`` with the packaged YAML's settings (its
-  collection beside the update, ``runner.overlap``, included), ``runner.total_steps`` = updates x
+- marlkit: ``marlkit.run(agent="MAPPO", env="mettagrid")`` with the packaged YAML's settings, the
+  update on one thread as acting (``runner.update_threads: 1``), ``runner.total_steps`` = updates x
   2,048, no evaluation, logger or periodic checkpoint. Observations: the adapter's ``[16, 13, 13]``
   uint8 images.
 - PufferLib: ``pufferl.PuffeRL`` over ``pufferlib.vector.make(MettaGridPufferEnv, backend=Serial)``,
@@ -79,7 +79,7 @@ def marlkit_side(updates: int) -> dict:
     from marlkit.envs.mettagrid import parallel_env
 
     overrides = {"runner.total_steps": updates * BATCH, "runner.progress": False, "runner.eval_interval": 10 ** 9,
-                 "runner.save_interval": 10 ** 9, "runner.torch_threads": 1}
+                 "runner.save_interval": 10 ** 9, "runner.torch_threads": 1, "runner.update_threads": 1}
     cfg = build_config("MAPPO", ENV, **overrides)
     assert (cfg.runner.parallels, cfg.runner.horizon, cfg.env.kwargs["num_agents"]) == (PARALLELS, HORIZON, AGENTS)
     mappo = cfg.agents["MAPPO"]

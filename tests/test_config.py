@@ -147,7 +147,7 @@ def test_a_run_that_learns_with_convolutions_updates_alone_on_two_threads(sets, 
 def test_packaged_image_envs_keep_the_settings_they_were_measured_with(tmp_path):
     coop = build_config("MAPPO", "doom_coop")
     assert _threads(coop) == (True, None) and coop.runner.overlap is True
-    assert _threads(build_config("MAPPO", "mettagrid")) == (False, 1)
+    assert _threads(build_config("MAPPO", "mettagrid")) == (False, 2)   # its CNNs, in process
     # resolved once, where the run begins: its config.yaml holds the values
     bound = build_config("MAPPO", "mpe_spread", overrides=parse_set(["agents.MAPPO.actor.name=cnn"]))
     assert (bound.to_dict()["runner"]["overlap"], bound.to_dict()["runner"]["update_threads"]) == (False, 2)
