@@ -5,9 +5,6 @@ rollout in the main thread. Both spend most of their time in torch kernels, nump
 worker processes, which release the interpreter lock, so the two use both cores. The main thread
 keeps the signal handlers: a stop request reaches the update through ``Progress.stop_requested``.
 
-Beside collection the update's thread runs at a lower scheduling priority (``yield_to_collection``):
-collection is what the next update waits for.
-
 The update runs on ``threads`` torch threads (``runner.update_threads``), acting on the runner's
 (``runner.torch_threads``): OpenMP's thread count belongs to the thread that sets it, so the
 update's thread sets its own; torch also keeps the last count set for threads that start later,
@@ -19,33 +16,12 @@ followed timing would make a run trained twice differ.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 
 import torch
 
 from marlkit.agents.base import Agent, Progress
-
-
-# how much nicer than the runner the update's thread beside collection runs (Linux: per thread);
-# 19 measured the same as 10
-UPDATE_NICENESS = 10
-
-
-def yield_to_collection() -> None:
-    """Lower this thread's scheduling priority, where the OS allows it. Collection is the path every
-    update waits on, and the update beside it only has to end before the next rollout does; at equal
-    priority it takes time slices from the env workers (a ViZDoom engine whose peer is descheduled
-    spins a core meanwhile). Measured 1.07x on doom_coop and 1.08x on mpe_spread (docs/benchmarks.md).
-    The arithmetic is the same whatever runs when, so are the bits."""
-    if not sys.platform.startswith("linux"):   # elsewhere PRIO_PROCESS names a process, not a thread
-        return
-    thread = threading.get_native_id()
-    try:
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + UPDATE_NICENESS))
-    except OSError:   # a sandbox that refuses it: only timing differs
-        pass
 
 
 class Learner:
@@ -74,8 +50,6 @@ class Learner:
     def _update(self, batches: dict, progress: Progress) -> None:
         # only on a change: setting the count also empties oneDNN's cache of convolution kernels
         own = self.threads != self._acting_threads
-        if self.background:
-            yield_to_collection()
         try:
             if own:
                 torch.set_num_threads(self.threads)
