@@ -43,6 +43,8 @@ class DoomConfig(EnvConfig):
     own_kills: bool = True                    # count each player's own kills (kill_credit.py); false: every
                                               # player's kills are the level's count (infighting included)
     start_spacing: float = field(default=64.0, metadata=_range(16.0))   # map units between added starts
+    engine_wait: Literal["yield", "spin"] = "yield"   # an engine waiting for its peers gives its core away
+                                              # (engine_wait.c, preloaded) or spins as ViZDoom does
 
     def __post_init__(self):
         if not self.buttons:

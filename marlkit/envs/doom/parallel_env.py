@@ -18,6 +18,7 @@ from pettingzoo import ParallelEnv
 
 from marlkit.config import build
 from marlkit.envs.doom.config import DoomConfig
+from marlkit.envs.doom import engine_wait
 from marlkit.envs.doom.coop_starts import coop_scenario_wad
 from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
 from marlkit.envs.doom.rewards import STATE_FEATURES, died, player_stats, reward_parts, state_features
@@ -62,7 +63,8 @@ class DoomCoopEnv(ParallelEnv):
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
                                   episode_start_time=cfg.episode_start_time, respawn=cfg.respawn,
-                                  own_kills=cfg.own_kills, host_args=list(cfg.host_args))
+                                  own_kills=cfg.own_kills, host_args=list(cfg.host_args),
+                                  preload=engine_wait.library() if cfg.engine_wait == "yield" else None)
         self.match = DoomMatch(settings, name=f"env {index}",
                                port=None if cfg.port is None else cfg.port + index,
                                timeout=cfg.player_timeout, start_timeout=cfg.start_timeout)

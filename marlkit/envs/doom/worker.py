@@ -70,6 +70,7 @@ class PlayerSettings:
     connect_timeout: int = 10
     barrier_timeout: float = 10.0
     network: tuple[int, int] | None = None   # (keeper pid, namespace inode) the engine joins; None: the host's
+    preload: str | None = None        # a library the engine preloads (engine_wait.py); None: none
 
 
 def log_path(work_dir: str, player: int) -> str:
@@ -204,6 +205,8 @@ def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
     log = os.open(log_path(settings.work_dir, settings.player), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
+    if settings.preload:   # for the engine, our only child; this process has long been loaded
+        os.environ["LD_PRELOAD"] = " ".join(filter(None, [settings.preload, os.environ.get("LD_PRELOAD")]))
     game = None
     try:
         game = build_game(settings)
