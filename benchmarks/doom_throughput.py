@@ -14,7 +14,8 @@ config, the same map and buttons (1 env, runner.vectorize sync), with its resize
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
 the update), the same with ``runner.overlap=false``, and random actions through the same vector
-env, alternating. ``--set`` applies to both configs. Writes
+env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
+that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--set`` applies to both configs. Writes
 benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
@@ -179,29 +180,42 @@ def main() -> None:
     rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
              harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
+        from marlkit.config import deep_merge, nest
         coop = build_config("MAPPO", "doom_coop", overrides=args.overrides)
+        spin = {**args.overrides, "env.engine_wait": "spin"}
+        coop_spin = build_config("MAPPO", "doom_coop", overrides=deep_merge(args.overrides, nest("env.engine_wait", "spin")))
         no_overlap = {**args.overrides, "runner.overlap": False}
         samples, medians = harness.measure({
             "training": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides),
             "training_no_overlap": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps,
                                                                      no_overlap),
-            "random": lambda: harness.random_steps_per_s(coop, args.train_steps // 2)},
+            "random": lambda: harness.random_steps_per_s(coop, args.train_steps // 2),
+            "training_spin": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, spin),
+            "random_spin": lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)},
             args.repeats, label="doom_coop ")
         train, train_no_overlap, rand = medians["training"], medians["training_no_overlap"], medians["random"]
         out["mappo_training"] = {
             "config": "marlkit/configs/doom_coop.yaml", "steps": args.train_steps,
             "vector_env": f"{coop.runner.parallels} envs, {coop.runner.vectorize}",
+            "engine_wait": coop.env.engine_wait,
             "joint_steps_per_s": samples["training"], "no_overlap_joint_steps_per_s": samples["training_no_overlap"],
             "random_same_vector_env_joint_steps_per_s": samples["random"],
             "ratio_per_repeat": [t / r for t, r in zip(samples["training"], samples["random"])],
             "no_overlap_ratio_per_repeat": [t / r for t, r in zip(samples["training_no_overlap"], samples["random"])],
-            "ratio_median": train / rand, "no_overlap_ratio_median": train_no_overlap / rand}
+            "ratio_median": train / rand, "no_overlap_ratio_median": train_no_overlap / rand,
+            "engine_wait_spin": {
+                "joint_steps_per_s": samples["training_spin"],
+                "random_same_vector_env_joint_steps_per_s": samples["random_spin"],
+                "ratio_per_repeat": [t / r for t, r in zip(samples["training_spin"], samples["random_spin"])],
+                "ratio_median": medians["training_spin"] / medians["random_spin"]}}
     harness.write_results("doom_throughput", args, out)
     harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
         print(f"doom_coop, medians: MAPPO training {train:.1f} joint steps/s ({train / rand:.2f}x random), without "
               f"overlap {train_no_overlap:.1f} ({train_no_overlap / rand:.2f}x); random actions through the same "
-              f"vector env ({coop.runner.parallels} envs, {coop.runner.vectorize}) {rand:.1f}")
+              f"vector env ({coop.runner.parallels} envs, {coop.runner.vectorize}) {rand:.1f}; with "
+              f"env.engine_wait=spin: training {medians['training_spin']:.1f}, random {medians['random_spin']:.1f} "
+              f"({medians['training_spin'] / medians['random_spin']:.2f}x)")
 
 
 if __name__ == "__main__":
