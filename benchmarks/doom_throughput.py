@@ -9,7 +9,8 @@ A joint step is one step of every player (``frame_skip`` tics each). "bare" is t
 wrapper must do: one process per player holding a DoomGame on deathmatch.cfg (player 0 hosting,
 the others joining over loopback), actions sent through pipes, screens and game variables sent
 back, and the 4 tics of a step played as 2 + 2 with a barrier between (more than 2 tics per
-barrier hangs the engines). "marlkit" is ``make_env_vector`` on the packaged doom_deathmatch
+barrier hangs the engines); its engines wait for their peers as the config's do (``env.engine_wait``:
+yielding their core, or spinning). "marlkit" is ``make_env_vector`` on the packaged doom_deathmatch
 config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
@@ -34,7 +35,8 @@ import harness
 BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
 
 
-def _bare_player(conn, player: int, players: int, port: int, work_dir: str, barrier, timeout_tics: int) -> None:
+def _bare_player(conn, player: int, players: int, port: int, work_dir: str, barrier, timeout_tics: int,
+                 preload: str | None) -> None:
     import vizdoom as vzd
     os.setpgid(0, 0)   # the engine joins this group, so that a kill of the group takes it along
     os.chdir(work_dir)
@@ -56,6 +58,8 @@ def _bare_player(conn, player: int, players: int, port: int, work_dir: str, barr
                            "+viz_connect_timeout 10 +name P0 +colorset 0")
     else:
         game.add_game_args(f"-join 127.0.0.1 -port {port} +name P{player} +colorset {player}")
+    if preload:   # the engine waits as marlkit's do (env.engine_wait), so the two differ by the wrapper alone
+        os.environ["LD_PRELOAD"] = preload
     game.init()
     conn.send("ready")
     while True:
@@ -84,13 +88,13 @@ def _recv(pipe, timeout: float = 30.0):
     return pipe.recv()
 
 
-def bare_steps_per_s(players: int, steps: int, timeout_tics: int, attempts: int = 3) -> float:
+def bare_steps_per_s(players: int, steps: int, timeout_tics: int, preload: str | None, attempts: int = 3) -> float:
     """The bare loop's joint steps/s. A match that does not start (an engine exiting while it
     connects, seen about one start in three on a quiet box) is retried on another port, as the
     doom env does."""
     for attempt in range(attempts):
         try:
-            return _bare_run(players, steps, timeout_tics)
+            return _bare_run(players, steps, timeout_tics, preload)
         except (EOFError, BrokenPipeError) as exc:
             if attempt == attempts - 1:
                 raise
@@ -98,7 +102,7 @@ def bare_steps_per_s(players: int, steps: int, timeout_tics: int, attempts: int 
     raise AssertionError("unreachable")
 
 
-def _bare_run(players: int, steps: int, timeout_tics: int) -> float:
+def _bare_run(players: int, steps: int, timeout_tics: int, preload: str | None) -> float:
     from marlkit.envs.doom.match import free_port   # the same free-port pick, nothing else from marlkit
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as work_dir:
@@ -109,7 +113,7 @@ def _bare_run(players: int, steps: int, timeout_tics: int) -> float:
             for i in range(players):
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=_bare_player, daemon=True,
-                                   args=(child, i, players, port, work_dir, barrier, timeout_tics))
+                                   args=(child, i, players, port, work_dir, barrier, timeout_tics, preload))
                 proc.start()
                 pipes.append(parent)
                 procs.append(proc)
@@ -159,14 +163,17 @@ def main() -> None:
     args = harness.parse_args(p)
 
     from marlkit.api import build_config
+    from marlkit.envs.doom import engine_wait
     cfg = build_config("MAPPO", "doom_deathmatch", overrides=args.overrides)
+    preload = engine_wait.library() if cfg.env.engine_wait == "yield" else None
     parallels, vectorize = cfg.runner.parallels, cfg.runner.vectorize
     out: dict = {"config": "marlkit/configs/doom_deathmatch.yaml", "overrides": args.set,
+                 "engine_wait": "yield" if preload else "spin",
                  "frame_skip": cfg.env.frame_skip, "resolution": cfg.env.resolution, "players": {}}
     for players in args.players:
         steps = args.steps * 2 // players
         samples, _ = harness.measure({
-            "bare": lambda: bare_steps_per_s(players, steps, cfg.env.episode_timeout),
+            "bare": lambda: bare_steps_per_s(players, steps, cfg.env.episode_timeout, preload),
             "marlkit": lambda: harness.random_steps_per_s(vector_cfg(cfg, players, 1, "sync"), steps)},
             args.repeats, label=f"players {players} ")
         ratios = [m / b for m, b in zip(samples["marlkit"], samples["bare"])]
