@@ -2,8 +2,9 @@
 
 ``spin`` is ViZDoom's own loop, which keeps a core busy while it waits. ``yield`` preloads a small
 library (``engine_wait.c``, built here once per user and source with the system's C compiler) that
-makes a waiting engine give its core to the processes with work to do; see the C file for why. Where the library cannot be built (no compiler, not Linux), the engines spin, and a
-warning says why and how to fix it.
+makes a waiting engine give its core to the processes with work to do; see the C file for why.
+Where the library cannot be built (no compiler, not Linux), the engines spin, and a warning says
+why and how to fix it.
 """
 from __future__ import annotations
 
