@@ -16,8 +16,8 @@ stack of 4 frames. Beside them, per player count, that config's default vector e
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
 the update), the same with ``runner.overlap=false``, and random actions through the same vector
 env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
-that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--set`` applies to both configs. Writes
-benchmarks/results/doom_throughput[_NAME].json.
+that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--set``
+applies to both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
 
@@ -187,10 +187,9 @@ def main() -> None:
     rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
              harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
-        from marlkit.config import deep_merge, nest
         coop = build_config("MAPPO", "doom_coop", overrides=args.overrides)
         spin = {**args.overrides, "env.engine_wait": "spin"}
-        coop_spin = build_config("MAPPO", "doom_coop", overrides=deep_merge(args.overrides, nest("env.engine_wait", "spin")))
+        coop_spin = build_config("MAPPO", "doom_coop", overrides=args.overrides, **{"env.engine_wait": "spin"})
         no_overlap = {**args.overrides, "runner.overlap": False}
         samples, medians = harness.measure({
             "training": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides),
