@@ -111,9 +111,12 @@ def episode_starts(**options) -> list[list[float]]:
 
 
 def test_every_episode_starts_with_the_maps_ammo_and_health_in_a_real_game():
-    """A network game restarts episodes through a level exit, which keeps the inventory of living
-    players: their pistol ammo runs down over episodes unless the copy resets it."""
+    """A network game restarts episodes through a level change, which keeps the inventory of living
+    players: their pistol ammo runs down over episodes unless the copy resets it. The engine has
+    been seen to hand a player a fresh inventory on a level change now and then (once, on another
+    CPU), so the copy-less control asks for ammo carried over into some later episode, not all."""
     fresh = episode_starts()
     assert fresh == [[[50.0, 100.0], [50.0, 100.0]]] * 4
     kept = episode_starts(fresh_inventory=False)
-    assert kept[0] == fresh[0] and all(a < 50.0 for a, _ in kept[-1])
+    assert kept[0] == fresh[0]
+    assert any(ammo < 50.0 for start in kept[1:] for ammo, _ in start), kept
