@@ -7,8 +7,9 @@ Workloads are the update of MAPPO with a ``cnn`` actor on synthetic rollouts sha
 - ``battle_cnn``: MAgent2 battle 12 v 12 (13x13x5 views, 21 actions), one group of 12, 8 envs x 25
   steps, the packaged defaults otherwise (a pooled critic on the actor's encoder);
 - ``pong_cnn``: cooperative_pong as packaged (screens shrunk to 56x60x3), 2 paddles, 8 envs x 25;
-- ``doom_coop``: the packaged doom_coop actor (4 stacked 30x80 grey screens, channels 16-32-32),
-  2 players, 4 matches x 128 steps, 3 epochs of 2 minibatches.
+- ``doom_coop``: as packaged: the actor over 4 stacked 30x80 grey screens (channels 16-32-32), the
+  critic an MLP of 128-128 over the 17 game variables of ``env.state: variables`` with the
+  player's id, 2 players, 4 matches x 128 steps, 3 epochs of 2 minibatches.
 
 The peak is what torch itself reaches on this machine: a large convolution and a large matmul, on
 one thread and on every thread given (``--threads``), or on the GPU.
@@ -38,12 +39,14 @@ from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition
 
 WORKLOADS = {
-    # name: (agents, obs shape, obs dtype, actions, envs, horizon, actor, overrides)
-    "battle_cnn": (12, (13, 13, 5), np.float32, 21, 8, 25, {"name": "cnn"}, {}),
-    "pong_cnn": (2, (56, 60, 3), np.uint8, 3, 8, 25, {"name": "cnn"}, {}),
-    "doom_coop": (2, (4, 30, 80), np.uint8, 6, 4, 128,
+    # name: (agents, obs shape, obs dtype, actions, envs, horizon, state size (None: the
+    # observations, read by a pooled critic), actor, overrides)
+    "battle_cnn": (12, (13, 13, 5), np.float32, 21, 8, 25, None, {"name": "cnn"}, {}),
+    "pong_cnn": (2, (56, 60, 3), np.uint8, 3, 8, 25, None, {"name": "cnn"}, {}),
+    "doom_coop": (2, (4, 30, 80), np.uint8, 6, 4, 128, 17,
                   {"name": "cnn", "hidden_sizes": [256], "kwargs": {"channels": [16, 32, 32]}},
-                  {"epochs": 3, "minibatches": 2, "critic_input": "pooled"}),
+                  {"epochs": 3, "minibatches": 2, "use_agent_id": True,
+                   "critic": ModelConfig(name="mlp", hidden_sizes=[128, 128])}),
 }
 
 
@@ -77,16 +80,14 @@ def peak_gflops(device: torch.device, threads: int, repeats: int = 5) -> dict[st
 
 
 def make_agent(name: str, device: torch.device):
-    n_agents, shape, dtype, n_actions, envs, horizon, actor, overrides = WORKLOADS[name]
+    n_agents, shape, dtype, n_actions, envs, horizon, state_size, actor, overrides = WORKLOADS[name]
     high = 255 if dtype == np.uint8 else 1.0
     group = GroupSpec("agents", [f"agent_{i}" for i in range(n_agents)], spaces.Box(0, high, shape, dtype),
                       spaces.Discrete(n_actions))
-    env = EnvSpec({"agents": group}, (n_agents * int(np.prod(shape)),), state_from_obs=True)
+    env = (EnvSpec({"agents": group}, (n_agents * int(np.prod(shape)),), state_from_obs=True) if state_size is None
+           else EnvSpec({"agents": group}, (state_size,)))
     cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
-    cfg = replace(cfg, actor=ModelConfig(**{**ModelConfig().__dict__, **actor}), critic_input="auto",
-                  **{k: v for k, v in overrides.items() if k != "critic_input"})
-    if "critic_input" in overrides:
-        cfg = replace(cfg, critic_input=overrides["critic_input"])
+    cfg = replace(cfg, actor=ModelConfig(**{**ModelConfig().__dict__, **actor}), critic_input="auto", **overrides)
     agent = get_agent("MAPPO")(group, env, cfg, seed=0, device=str(device))
     return agent, group, env, envs, horizon
 
@@ -103,7 +104,8 @@ def rollout(agent, group, env, envs: int, horizon: int, rng):
 
     acting_s, counter = 0.0, FlopCounterMode(display=False)
     mask, allowed = np.ones((envs, A), bool), np.ones((envs, A, group.n_actions), bool)
-    state = np.zeros((envs, 0), np.float32)
+    state = (np.zeros((envs, 0), np.float32) if env.state_from_obs
+             else rng.normal(size=(envs, *env.state_shape)).astype(np.float32))
     for t in range(horizon):
         o = obs()
         if t == 0:   # counted once (the counter slows what it counts), timed on the other steps
