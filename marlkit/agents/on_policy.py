@@ -25,7 +25,7 @@ from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
-from marlkit.optim import Adam, gradient_step
+from marlkit.optim import Adam, gradient_step, loss_precision
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
@@ -53,6 +53,10 @@ class OnPolicyConfig:
     use_agent_id: bool = True
     chunk_length: Optional[int] = field(default=None, metadata=_range(1))
     log_std_init: float = -0.5
+    # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
+    # gradients and the optimiser stay float32; marlkit/optim.py's loss_precision), about 1.5x
+    # faster on CPUs with bfloat16 instructions and on GPUs; acting stays float32
+    precision: Literal["float32", "bfloat16"] = "float32"
     actor: ModelConfig = field(default_factory=ModelConfig)
     critic: ModelConfig = field(default_factory=ModelConfig)
 
@@ -419,7 +423,8 @@ class OnPolicyAgent(Agent):
         for batch in (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, chunk, self.rng)):
             if stop():
                 break
-            loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
+            with loss_precision(self.device, cfg.precision):
+                loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
                           f"group {self.group.name!r} ({self.registered_name})")
             for k, v in metrics.items():

@@ -126,7 +126,9 @@ class ActionHead(nn.Module):
         self.linear = init_linear(nn.Linear(in_dim, out), gain=0.01)
 
     def forward(self, features: torch.Tensor, action_mask: torch.Tensor | None = None):
-        out = self.linear(features)
+        # float32 whatever the precision of the layers before (autocast's bfloat16 keeps 3 digits:
+        # PPO's probability ratios would be off by a percent)
+        out = self.linear(features).float()
         if self.hybrid is not None:
             n = self.n_continuous
             return Hybrid(DiagGaussian(out[..., :n], self.log_std), MultiCategorical(out[..., n:], self.nvec, action_mask))

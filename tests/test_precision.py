@@ -1,0 +1,115 @@
+"""``precision: bfloat16``: the update's convolutions and matmuls in bfloat16 (torch's autocast),
+weights, gradients, Adam's moments and the action distributions in float32, and learning as in
+float32."""
+import logging
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+from torch import nn
+
+import marlkit
+from marlkit import optim
+from marlkit.api import build_config
+from marlkit.config import ConfigError, ModelConfig
+from marlkit.registry import get_agent
+from marlkit.spec import EnvSpec, GroupSpec
+from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition
+
+E, T, A, VIEW, ACTIONS = 4, 8, 3, (13, 13, 5), 5
+
+
+def _cnn_mappo(precision: str):
+    cfg = build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.precision": precision}).agents["MAPPO"]
+    cfg.actor = ModelConfig(name="cnn", hidden_sizes=[64])
+    cfg.epochs, cfg.minibatches = 2, 2
+    group = GroupSpec("agents", [f"agent_{i}" for i in range(A)], spaces.Box(0, 255, VIEW, np.uint8),
+                      spaces.Discrete(ACTIONS))
+    return get_agent("MAPPO")(group, EnvSpec({"agents": group}, (7,)), cfg, seed=0)
+
+
+def _batch(agent):
+    """A full rollout of random views acted on by ``agent`` (acting is float32 in both precisions),
+    as the batch its update learns from."""
+    rng = np.random.default_rng(0)
+    storage = agent.make_storage(StorageLayout(agent.group, agent.env, E, T))
+    rollout = storage.next_rollout()
+    mask, allowed = np.ones((E, A), bool), np.ones((E, A, ACTIONS), bool)
+    for _ in range(T):
+        obs = rng.integers(0, 256, (E, A, *VIEW)).astype(np.uint8)
+        state = rng.normal(size=(E, 7)).astype(np.float32)
+        out = agent.act(obs, state, mask, allowed, None)
+        rollout.add(Transition(obs, state, mask, allowed, out.actions, out.log_prob, out.value,
+                               rng.normal(size=(E, A)).astype(np.float32), np.zeros((E, A), bool),
+                               np.zeros((E, A), bool), np.zeros(E, bool), obs, state))
+    return storage.finish(Collected(rollout, Bootstrap(obs, state, mask, allowed, None)))
+
+
+def test_bfloat16_runs_the_updates_layers_in_bfloat16_and_keeps_weights_gradients_and_adam_float32():
+    agents = {p: _cnn_mappo(p) for p in ("float32", "bfloat16")}
+    start = [p.detach().clone() for p in agents["float32"].modules.parameters()]
+    layers, metrics = {}, {}
+    for precision, agent in agents.items():
+        # the same weights and the same batch: only the precision of the update differs
+        assert all(torch.equal(a, b) for a, b in zip(start, agent.modules.parameters()))
+        data = agent.training_data(_batch(agent))   # values and advantages: float32 in both
+        seen = layers[precision] = set()
+        hooks = [m.register_forward_hook(lambda m, i, out: seen.add((type(m).__name__, out.dtype)))
+                 for m in agent.modules.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        metrics[precision] = agent.optimise(data, T)
+        for hook in hooks:
+            hook.remove()
+    assert layers["float32"] == {("Conv2d", torch.float32), ("Linear", torch.float32)}
+    assert layers["bfloat16"] == {("Conv2d", torch.bfloat16), ("Linear", torch.bfloat16)}
+    low = agents["bfloat16"]
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in low.modules.parameters())
+    moments = [v for state in low.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    assert moments and all(v.dtype == torch.float32 for v in moments)
+    # the same update to about bfloat16's 3 digits, and not the very same one
+    for key in ("policy_loss", "value_loss", "entropy"):
+        assert metrics["bfloat16"][key] == pytest.approx(metrics["float32"][key], rel=0.05, abs=2e-3), key
+    moved = [(a - s, b - s) for a, b, s in zip(agents["float32"].modules.parameters(), low.modules.parameters(), start)]
+    assert any(not torch.equal(a, b) for a, b in moved)
+    step32 = torch.cat([a.flatten() for a, _ in moved])
+    step16 = torch.cat([b.flatten() for _, b in moved])
+    assert torch.nn.functional.cosine_similarity(step32, step16, dim=0) > 0.9
+
+
+def test_the_action_distribution_stays_float32_under_autocast():
+    agent = _cnn_mappo("bfloat16")
+    obs = torch.randint(0, 256, (1, 2, A, *VIEW), dtype=torch.uint8)
+    with optim.loss_precision(agent.device, "bfloat16"):
+        dist, _ = agent.policy(obs, torch.zeros(1, 2, 7), None, torch.zeros(1, 2, A, dtype=torch.bool), None)
+    assert dist.log_probs.dtype == torch.float32
+    assert torch.allclose(dist.log_probs.exp().sum(-1), torch.ones(1, 2, A))
+
+
+def test_mappo_in_bfloat16_learns_on_mpe_spread(tiny):
+    """As MAPPO in float32 does (tests/test_agents.py): clearly better than the random policy
+    (about -26.6) within 40k env steps, its MLPs' matmuls in bfloat16."""
+    common = {**tiny, "runner.parallels": 16, "runner.horizon": 25}
+    run = marlkit.run(agent="MAPPO", env="mpe_spread", seed=1, **{**common, "runner.total_steps": 40_000,
+                                                                  "agents.MAPPO.precision": "bfloat16"})
+    late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
+    assert late > -26.6 + 2.0, late
+
+
+def test_a_precision_not_offered_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match=r"agents\.MAPPO\.precision.*half.*float32.*bfloat16"):
+        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.precision": "half"})
+
+
+def test_a_cpu_without_bfloat16_instructions_is_warned_of_once(monkeypatch, caplog):
+    """This machine's CPU may have the instructions, so their absence is stood in for."""
+    monkeypatch.setattr(optim, "cpu_has_bfloat16", lambda: False)
+    optim.warn_without_bfloat16.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="marlkit.optim"):
+        for _ in range(3):
+            with optim.loss_precision(torch.device("cpu"), "bfloat16"):
+                pass
+        with optim.loss_precision(torch.device("cpu"), "float32"):
+            pass
+    warned = [r.getMessage() for r in caplog.records if "bfloat16 instructions" in r.getMessage()]
+    assert len(warned) == 1 and "precision to float32" in warned[0]
+    optim.warn_without_bfloat16.cache_clear()
