@@ -14,8 +14,8 @@ yielding their core, or spinning). "marlkit" is ``make_env_vector`` on the packa
 config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
-the update), the same with ``runner.overlap=false``, and random actions through the same vector
-env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
+the update), the same with ``runner.overlap=false`` and with the update in bfloat16
+(``agents.MAPPO.precision``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--set``
 applies to both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
 """
@@ -191,10 +191,12 @@ def main() -> None:
         spin = {**args.overrides, "env.engine_wait": "spin"}
         coop_spin = build_config("MAPPO", "doom_coop", overrides=args.overrides, **{"env.engine_wait": "spin"})
         no_overlap = {**args.overrides, "runner.overlap": False}
+        bfloat16 = {**args.overrides, "agents.MAPPO.precision": "bfloat16"}
         samples, medians = harness.measure({
             "training": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides),
             "training_no_overlap": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps,
                                                                      no_overlap),
+            "training_bfloat16": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, bfloat16),
             "random": lambda: harness.random_steps_per_s(coop, args.train_steps // 2),
             "training_spin": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, spin),
             "random_spin": lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)},
@@ -209,6 +211,9 @@ def main() -> None:
             "ratio_per_repeat": [t / r for t, r in zip(samples["training"], samples["random"])],
             "no_overlap_ratio_per_repeat": [t / r for t, r in zip(samples["training_no_overlap"], samples["random"])],
             "ratio_median": train / rand, "no_overlap_ratio_median": train_no_overlap / rand,
+            "bfloat16_joint_steps_per_s": samples["training_bfloat16"],
+            "bfloat16_ratio_per_repeat": [t / r for t, r in zip(samples["training_bfloat16"], samples["random"])],
+            "bfloat16_ratio_median": medians["training_bfloat16"] / rand,
             "engine_wait_spin": {
                 "joint_steps_per_s": samples["training_spin"],
                 "random_same_vector_env_joint_steps_per_s": samples["random_spin"],
@@ -218,7 +223,8 @@ def main() -> None:
     harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
         print(f"doom_coop, medians: MAPPO training {train:.1f} joint steps/s ({train / rand:.2f}x random), without "
-              f"overlap {train_no_overlap:.1f} ({train_no_overlap / rand:.2f}x); random actions through the same "
+              f"overlap {train_no_overlap:.1f} ({train_no_overlap / rand:.2f}x), the update in bfloat16 "
+              f"{medians['training_bfloat16']:.1f} ({medians['training_bfloat16'] / rand:.2f}x); random actions through the same "
               f"vector env ({coop.runner.parallels} envs, {coop.runner.vectorize}) {rand:.1f}; with "
               f"env.engine_wait=spin: training {medians['training_spin']:.1f}, random {medians['random_spin']:.1f} "
               f"({medians['training_spin'] / medians['random_spin']:.2f}x)")

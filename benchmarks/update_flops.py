@@ -15,6 +15,7 @@ The peak is what torch itself reaches on this machine: a large convolution and a
 one thread and on every thread given (``--threads``), or on the GPU.
 
     python benchmarks/update_flops.py                       # CPU, 1 and 2 threads
+    python benchmarks/update_flops.py --precision float32 bfloat16   # and the update in bfloat16
     python benchmarks/update_flops.py --device cuda --out benchmarks/results/update_flops_cuda.json
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from marlkit.agents.base import Progress
 from marlkit.api import build_config
 from marlkit.config import ModelConfig
+from marlkit.optim import loss_precision
 from marlkit.registry import get_agent
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition
@@ -50,8 +52,14 @@ WORKLOADS = {
 }
 
 
-def peak_gflops(device: torch.device, threads: int, repeats: int = 5) -> dict[str, float]:
-    """What torch reaches here on a large convolution and a large float32 matmul (GFLOP/s)."""
+def peak_gflops(device: torch.device, threads: int, precision: str = "float32", repeats: int = 5) -> dict[str, float]:
+    """What torch reaches here on a large convolution and a large matmul (GFLOP/s), in float32 or
+    under bfloat16 autocast as the agents' ``precision: bfloat16`` runs them."""
+    with loss_precision(device, precision):
+        return _peak_gflops(device, threads, repeats)
+
+
+def _peak_gflops(device: torch.device, threads: int, repeats: int) -> dict[str, float]:
     torch.set_num_threads(threads)
     x = torch.randn(256, 32, 32, 32, device=device)
     conv = torch.nn.Conv2d(32, 64, 3).to(device)
@@ -79,7 +87,7 @@ def peak_gflops(device: torch.device, threads: int, repeats: int = 5) -> dict[st
     return out
 
 
-def make_agent(name: str, device: torch.device):
+def make_agent(name: str, device: torch.device, precision: str = "float32"):
     n_agents, shape, dtype, n_actions, envs, horizon, state_size, actor, overrides = WORKLOADS[name]
     high = 255 if dtype == np.uint8 else 1.0
     group = GroupSpec("agents", [f"agent_{i}" for i in range(n_agents)], spaces.Box(0, high, shape, dtype),
@@ -87,7 +95,8 @@ def make_agent(name: str, device: torch.device):
     env = (EnvSpec({"agents": group}, (n_agents * int(np.prod(shape)),), state_from_obs=True) if state_size is None
            else EnvSpec({"agents": group}, (state_size,)))
     cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
-    cfg = replace(cfg, actor=ModelConfig(**{**ModelConfig().__dict__, **actor}), critic_input="auto", **overrides)
+    cfg = replace(cfg, actor=ModelConfig(**{**ModelConfig().__dict__, **actor}), critic_input="auto",
+                  precision=precision, **overrides)
     agent = get_agent("MAPPO")(group, env, cfg, seed=0, device=str(device))
     return agent, group, env, envs, horizon
 
@@ -123,9 +132,9 @@ def rollout(agent, group, env, envs: int, horizon: int, rng):
     return storage.finish(Collected(r, boot)), acting_s, act_flops
 
 
-def measure(name: str, device: torch.device, threads: int, updates: int) -> dict:
+def measure(name: str, device: torch.device, threads: int, updates: int, precision: str = "float32") -> dict:
     torch.set_num_threads(threads)
-    agent, group, env, envs, horizon = make_agent(name, device)
+    agent, group, env, envs, horizon = make_agent(name, device, precision)
     rng = np.random.default_rng(0)
     batch, acting_s, act_flops = rollout(agent, group, env, envs, horizon, rng)
     agent.update(batch, Progress(envs * horizon, 10 ** 9))   # warm-up: first calls allocate
@@ -144,7 +153,7 @@ def measure(name: str, device: torch.device, threads: int, updates: int) -> dict
         seconds.append(time.perf_counter() - start)
     samples = envs * horizon * group.n_agents            # agent steps in one rollout
     update_s = float(np.median(seconds))
-    return {"workload": name, "device": str(device), "threads": threads,
+    return {"workload": name, "device": str(device), "threads": threads, "precision": precision,
             "acting_mflop_per_agent_step": act_flops / (envs * group.n_agents) / 1e6,
             "update_mflop_per_sample": update_flops / samples / 1e6,
             "update_gflop": update_flops / 1e9, "update_s_median": update_s,
@@ -158,25 +167,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     parser.add_argument("--updates", type=int, default=3)
+    parser.add_argument("--precision", nargs="*", default=["float32"], choices=["float32", "bfloat16"],
+                        help="the update's precision (the agents' precision key); FLOPs are counted alike")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
     rows, peaks = [], {}
     for threads in args.threads:
-        peaks[threads] = peak_gflops(device, threads)
-        print(f"peak on {device}, {threads} thread(s): conv {peaks[threads]['conv']:.1f} GFLOP/s, "
-              f"matmul {peaks[threads]['matmul']:.1f} GFLOP/s")
-        for name in args.workloads:
-            row = measure(name, device, threads, args.updates)
-            row["fraction_of_conv_peak"] = row["update_gflops_per_s"] / peaks[threads]["conv"]
-            row["fraction_of_matmul_peak"] = row["update_gflops_per_s"] / peaks[threads]["matmul"]
+        for precision in args.precision:
+            peak = peaks.setdefault(threads, {})[precision] = peak_gflops(device, threads, precision)
+            print(f"peak on {device}, {threads} thread(s), {precision}: conv {peak['conv']:.1f} GFLOP/s, "
+                  f"matmul {peak['matmul']:.1f} GFLOP/s")
+        for name, precision in ((n, p) for n in args.workloads for p in args.precision):
+            row = measure(name, device, threads, args.updates, precision)
+            row["fraction_of_conv_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["conv"]
+            row["fraction_of_matmul_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["matmul"]
             rows.append(row)
-            print(f"  {name:<11} acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
+            print(f"  {name:<11} {precision:<8} acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
                   f"({row['acting_ms_per_step']:.1f} ms/step); "
                   f"update {row['update_mflop_per_sample']:.1f} MFLOP/sample, "
                   f"{row['update_gflop']:.1f} GFLOP in {row['update_s_median']:.3f} s = "
                   f"{row['update_gflops_per_s']:.1f} GFLOP/s, {100 * row['fraction_of_conv_peak']:.0f}% of the conv "
-                  f"peak, {100 * row['fraction_of_matmul_peak']:.0f}% of the matmul peak")
+                  f"peak, {100 * row['fraction_of_matmul_peak']:.0f}% of the matmul peak (both in its precision)")
     if args.out:
         args.out.write_text(json.dumps({"device": str(device), "torch": torch.__version__,
                                         "cpu_threads": args.threads, "peaks": peaks, "rows": rows}, indent=2))
