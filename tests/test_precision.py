@@ -117,3 +117,11 @@ def test_a_cpu_without_bfloat16_instructions_is_warned_of_once():
     assert done.returncode == 0, done.stderr
     warned = [line for line in done.stderr.splitlines() if "bfloat16 instructions" in line]
     assert len(warned) == 1 and "set the agent's precision to float32" in warned[0], done.stderr
+
+
+@pytest.mark.parametrize("agent", ["MAPPO", "IPPO", "MAT", "COMA"])
+def test_every_on_policy_agent_updates_in_bfloat16(tiny, agent):
+    run = marlkit.run(agent=agent, env="mpe_spread", seed=1, **{**tiny, f"agents.{agent}.precision": "bfloat16"})
+    assert run.steps == 40
+    losses = {k: v for k, v in run.metrics.items() if k.startswith("agents/") and k.endswith("_loss")}
+    assert losses and all(np.isfinite(v) for v in losses.values()), run.metrics
