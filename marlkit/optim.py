@@ -132,8 +132,8 @@ def loss_precision(device: torch.device, precision: str):
     """The context a loss's forward passes run in: ``float32`` as built, or ``bfloat16``, where
     torch's autocast runs the convolutions and matmuls in bfloat16 while weights, gradients, Adam's
     moments and the action distributions (``ActionHead``) stay float32. On a CPU with bfloat16
-    instructions (AVX512-BF16 or AMX) a convolutional update runs about 1.5x faster
-    (docs/benchmarks.md); where it has none, oneDNN emulates them, slower than float32."""
+    instructions (AVX512-BF16 or AMX) a convolutional update runs 1.2-1.9x faster
+    (docs/benchmarks.md); where it has none, oneDNN emulates them, 8-14x slower than float32."""
     if precision != "bfloat16":
         return contextlib.nullcontext()
     if device.type == "cpu":

@@ -54,8 +54,9 @@ class OnPolicyConfig:
     chunk_length: Optional[int] = field(default=None, metadata=_range(1))
     log_std_init: float = -0.5
     # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
-    # gradients and the optimiser stay float32; marlkit/optim.py's loss_precision), about 1.5x
-    # faster on CPUs with bfloat16 instructions and on GPUs; acting stays float32
+    # gradients and the optimiser stay float32; marlkit/optim.py's loss_precision): a convolutional
+    # update 1.2-1.9x faster on a CPU with bfloat16 instructions, 8-14x slower on one without
+    # (docs/benchmarks.md); acting stays float32
     precision: Literal["float32", "bfloat16"] = "float32"
     actor: ModelConfig = field(default_factory=ModelConfig)
     critic: ModelConfig = field(default_factory=ModelConfig)
