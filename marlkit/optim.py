@@ -141,6 +141,16 @@ def loss_precision(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def update_precision(precision: str, device: torch.device) -> str:
+    """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 where the device
+    computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it), else float32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.type == "cpu" and cpu_has_bfloat16() else "float32"
+
+
 def cpu_has_bfloat16() -> bool:
     """Whether oneDNN finds bfloat16 instructions on this CPU (AVX512-BF16 or AMX)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())

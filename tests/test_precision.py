@@ -102,13 +102,15 @@ def test_a_precision_not_offered_is_refused_naming_the_key():
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.precision": "half"})
 
 
-def test_a_cpu_without_bfloat16_instructions_is_warned_of_once():
+def test_a_cpu_without_bfloat16_instructions_updates_auto_in_float32_and_warns_of_bfloat16_once():
     """oneDNN held to AVX2 (``ONEDNN_MAX_CPU_ISA``) finds no bfloat16 instructions on any x86 CPU,
-    as on one that has none: a run asking for bfloat16 there is told once that it is slower."""
+    as on one that has none: ``auto`` runs float32 there, and a run asking for bfloat16 is told
+    once that it is slower."""
     script = ("import logging, torch\n"
               "logging.basicConfig()\n"
               "from marlkit import optim\n"
               "assert not optim.cpu_has_bfloat16()\n"
+              "assert optim.update_precision('auto', torch.device('cpu')) == 'float32'\n"
               "for precision in ('bfloat16', 'bfloat16', 'float32', 'bfloat16'):\n"
               "    with optim.loss_precision(torch.device('cpu'), precision):\n"
               "        torch.ones(2, 2) @ torch.ones(2, 2)\n")

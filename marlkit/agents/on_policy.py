@@ -25,7 +25,7 @@ from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
-from marlkit.optim import Adam, gradient_step, loss_precision
+from marlkit.optim import Adam, gradient_step, loss_precision, update_precision
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
@@ -56,8 +56,9 @@ class OnPolicyConfig:
     # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
     # gradients and the optimiser stay float32; marlkit/optim.py's loss_precision): a convolutional
     # update 1.2-1.9x faster on a CPU with bfloat16 instructions, 8-14x slower on one without
-    # (docs/benchmarks.md); acting stays float32
-    precision: Literal["float32", "bfloat16"] = "float32"
+    # (docs/benchmarks.md); auto: bfloat16 where the device computes it natively, else float32;
+    # acting stays float32
+    precision: Literal["float32", "bfloat16", "auto"] = "float32"
     actor: ModelConfig = field(default_factory=ModelConfig)
     critic: ModelConfig = field(default_factory=ModelConfig)
 
@@ -90,6 +91,7 @@ class OnPolicyAgent(Agent):
             self.modules["value_norm"] = self.value_norm
         self.modules.to(self.device)
         self.optimizer = Adam(self.param_groups(), eps=1e-5)
+        self.precision = update_precision(cfg.precision, self.device)
         self._clipped = list(self.modules.parameters())   # walking the module tree costs ~1% of a small update
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
@@ -424,7 +426,7 @@ class OnPolicyAgent(Agent):
         for batch in (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, chunk, self.rng)):
             if stop():
                 break
-            with loss_precision(self.device, cfg.precision):
+            with loss_precision(self.device, self.precision):
                 loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
                           f"group {self.group.name!r} ({self.registered_name})")
