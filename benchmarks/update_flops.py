@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from marlkit.agents.base import Progress
 from marlkit.api import build_config
 from marlkit.config import ModelConfig
-from marlkit.optim import loss_precision
+from marlkit.precision import loss_precision
 from marlkit.registry import get_agent
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition

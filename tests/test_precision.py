@@ -12,7 +12,7 @@ from gymnasium import spaces
 from torch import nn
 
 import marlkit
-from marlkit import optim
+from marlkit.precision import loss_precision
 from marlkit.api import build_config
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.registry import get_agent
@@ -81,7 +81,7 @@ def test_bfloat16_runs_the_updates_layers_in_bfloat16_and_keeps_weights_gradient
 def test_the_action_distribution_stays_float32_under_autocast():
     agent = _cnn_mappo("bfloat16")
     obs = torch.randint(0, 256, (1, 2, A, *VIEW), dtype=torch.uint8)
-    with optim.loss_precision(agent.device, "bfloat16"):
+    with loss_precision(agent.device, "bfloat16"):
         dist, _ = agent.policy(obs, torch.zeros(1, 2, 7), None, torch.zeros(1, 2, A, dtype=torch.bool), None)
     assert dist.log_probs.dtype == torch.float32
     assert torch.allclose(dist.log_probs.exp().sum(-1), torch.ones(1, 2, A))
@@ -108,11 +108,11 @@ def test_a_cpu_without_bfloat16_instructions_updates_auto_in_float32_and_warns_o
     once that it is slower."""
     script = ("import logging, torch\n"
               "logging.basicConfig()\n"
-              "from marlkit import optim\n"
-              "assert not optim.cpu_has_bfloat16()\n"
-              "assert optim.update_precision('auto', torch.device('cpu')) == 'float32'\n"
-              "for precision in ('bfloat16', 'bfloat16', 'float32', 'bfloat16'):\n"
-              "    with optim.loss_precision(torch.device('cpu'), precision):\n"
+              "from marlkit.precision import cpu_has_bfloat16, loss_precision, update_precision\n"
+              "assert not cpu_has_bfloat16()\n"
+              "assert update_precision('auto', torch.device('cpu')) == 'float32'\n"
+              "for asked in ('bfloat16', 'bfloat16', 'float32', 'bfloat16'):\n"
+              "    with loss_precision(torch.device('cpu'), asked):\n"
               "        torch.ones(2, 2) @ torch.ones(2, 2)\n")
     done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"},
                           capture_output=True, text=True, timeout=120)

@@ -25,7 +25,8 @@ from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
-from marlkit.optim import Adam, gradient_step, loss_precision, update_precision
+from marlkit.optim import Adam, gradient_step
+from marlkit.precision import loss_precision, update_precision
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
@@ -54,7 +55,7 @@ class OnPolicyConfig:
     chunk_length: Optional[int] = field(default=None, metadata=_range(1))
     log_std_init: float = -0.5
     # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
-    # gradients and the optimiser stay float32; marlkit/optim.py's loss_precision): a convolutional
+    # gradients and the optimiser stay float32; marlkit/precision.py): a convolutional
     # update 1.2-1.9x faster on a CPU with bfloat16 instructions, 8-14x slower on one without
     # (docs/benchmarks.md); auto: bfloat16 where the device computes it natively, else float32;
     # acting stays float32

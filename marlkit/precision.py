@@ -1,0 +1,50 @@
+"""The precision of an update's forward passes (an agent's ``precision``): float32, or bfloat16
+under torch's autocast with float32 weights, gradients and optimiser state. bfloat16 pays where the
+device computes it natively; a CPU without AVX512-BF16 or AMX emulates it, 8-14x slower than
+float32 (docs/benchmarks.md, "The update in bfloat16")."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from functools import lru_cache
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+def loss_precision(device: torch.device, precision: str):
+    """The context a loss's forward passes run in: ``float32`` as built, or ``bfloat16``, where
+    torch's autocast runs the convolutions and matmuls in bfloat16 while weights, gradients, Adam's
+    moments and the action distributions (``ActionHead``) stay float32. On a CPU with bfloat16
+    instructions (AVX512-BF16 or AMX) a convolutional update runs 1.2-1.9x faster
+    (docs/benchmarks.md); where it has none, oneDNN emulates them, 8-14x slower than float32."""
+    if precision != "bfloat16":
+        return contextlib.nullcontext()
+    if device.type == "cpu":
+        warn_without_bfloat16()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def update_precision(precision: str, device: torch.device) -> str:
+    """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 where the device
+    computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it), else float32."""
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if device.type == "cpu" and cpu_has_bfloat16() else "float32"
+
+
+def cpu_has_bfloat16() -> bool:
+    """Whether oneDNN finds bfloat16 instructions on this CPU (AVX512-BF16 or AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@lru_cache(maxsize=None)
+def warn_without_bfloat16() -> None:
+    """Once per process: the warning where this CPU emulates bfloat16."""
+    if not cpu_has_bfloat16():
+        log.warning("precision: bfloat16 on a CPU without bfloat16 instructions (AVX512-BF16 or AMX): its "
+                    "bfloat16 convolutions and matmuls are emulated, slower than float32; set the agent's "
+                    "precision to float32 on this machine")
