@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from functools import lru_cache
 
 import torch
@@ -28,17 +29,28 @@ def loss_precision(device: torch.device, precision: str):
 
 def update_precision(precision: str, device: torch.device) -> str:
     """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 where the device
-    computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU that supports it), else float32."""
+    computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU from Ampere on), else float32."""
     if precision != "auto":
         return precision
     if device.type == "cuda":
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+        # torch.cuda.is_bf16_supported() also says yes where bfloat16 is emulated (Volta, Turing)
+        return "bfloat16" if torch.cuda.get_device_capability(device) >= (8, 0) else "float32"
     return "bfloat16" if device.type == "cpu" and cpu_has_bfloat16() else "float32"
 
 
+# oneDNN's instruction sets below AVX512_CORE_BF16, to which ONEDNN_MAX_CPU_ISA can hold it
+_ISAS_WITHOUT_BFLOAT16 = {"SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI"}
+
+
 def cpu_has_bfloat16() -> bool:
-    """Whether oneDNN finds bfloat16 instructions on this CPU (AVX512-BF16 or AMX)."""
-    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX) and oneDNN may use them.
+    oneDNN's own check (``_is_mkldnn_bf16_supported``) only asks for AVX-512, on which it emulates
+    bfloat16: a Skylake or Cascade Lake Xeon passes it."""
+    capabilities = torch.cpu.get_capabilities()
+    native = capabilities.get("avx512_bf16") or capabilities.get("amx_bf16")
+    held_to = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    return bool(native) and held_to not in _ISAS_WITHOUT_BFLOAT16 and \
+        bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 @lru_cache(maxsize=None)

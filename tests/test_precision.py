@@ -15,6 +15,8 @@ import marlkit
 from marlkit.precision import loss_precision
 from marlkit.api import build_config
 from marlkit.config import ConfigError, ModelConfig
+from marlkit.networks.distributions import ActionHead
+from marlkit.networks.noise import GeneratorNoise
 from marlkit.registry import get_agent
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition
@@ -57,13 +59,18 @@ def test_bfloat16_runs_the_updates_layers_in_bfloat16_and_keeps_weights_gradient
         assert all(torch.equal(a, b) for a, b in zip(start, agent.modules.parameters()))
         data = agent.training_data(_batch(agent))   # values and advantages: float32 in both
         seen = layers[precision] = set()
-        hooks = [m.register_forward_hook(lambda m, i, out: seen.add((type(m).__name__, out.dtype)))
-                 for m in agent.modules.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
+        heads = {id(m.linear) for m in agent.modules.modules() if isinstance(m, ActionHead)}
+
+        def record(m, inputs, out, seen=seen, heads=heads):
+            seen.add(("ActionHead" if id(m) in heads else type(m).__name__, out.dtype))
+        hooks = [m.register_forward_hook(record) for m in agent.modules.modules()
+                 if isinstance(m, (nn.Conv2d, nn.Linear))]
         metrics[precision] = agent.optimise(data, T)
         for hook in hooks:
             hook.remove()
-    assert layers["float32"] == {("Conv2d", torch.float32), ("Linear", torch.float32)}
-    assert layers["bfloat16"] == {("Conv2d", torch.bfloat16), ("Linear", torch.bfloat16)}
+    assert layers["float32"] == {("Conv2d", torch.float32), ("Linear", torch.float32), ("ActionHead", torch.float32)}
+    assert layers["bfloat16"] == {("Conv2d", torch.bfloat16), ("Linear", torch.bfloat16),
+                                  ("ActionHead", torch.float32)}
     low = agents["bfloat16"]
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in low.modules.parameters())
     moments = [v for state in low.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
@@ -87,6 +94,23 @@ def test_the_action_distribution_stays_float32_under_autocast():
     assert torch.allclose(dist.log_probs.exp().sum(-1), torch.ones(1, 2, A))
 
 
+@pytest.mark.parametrize("space", [spaces.Discrete(ACTIONS), spaces.MultiDiscrete([3, 4]), spaces.Box(-1, 1, (2,))])
+def test_the_action_heads_logits_are_computed_in_float32_under_autocast(space):
+    """The head's own product in float32 too, not only its output cast back: logits rounded to
+    bfloat16 put the log-probs of a PPO ratio off by a percent against acting's."""
+    head = ActionHead(space, 64)
+    with torch.no_grad():
+        head.linear.weight.normal_()
+        # features as autocast's layers before the head give them: bfloat16
+        features = (torch.randn(256, 64) * 3).to(torch.bfloat16)
+        plain = head(features.float())
+        with loss_precision(torch.device("cpu"), "bfloat16"):
+            under = head(features)
+        action = plain.sample(GeneratorNoise(torch.Generator().manual_seed(0)))
+    assert torch.equal(under.log_prob(action), plain.log_prob(action))
+    assert under.log_prob(action).dtype == torch.float32
+
+
 def test_mappo_in_bfloat16_learns_on_mpe_spread(tiny):
     """As MAPPO in float32 does (tests/test_agents.py): clearly better than the random policy
     (about -26.6) within 40k env steps, its MLPs' matmuls in bfloat16."""
@@ -102,10 +126,12 @@ def test_a_precision_not_offered_is_refused_naming_the_key():
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.precision": "half"})
 
 
-def test_a_cpu_without_bfloat16_instructions_updates_auto_in_float32_and_warns_of_bfloat16_once():
-    """oneDNN held to AVX2 (``ONEDNN_MAX_CPU_ISA``) finds no bfloat16 instructions on any x86 CPU,
-    as on one that has none: ``auto`` runs float32 there, and a run asking for bfloat16 is told
-    once that it is slower."""
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE_VNNI"])
+def test_a_cpu_without_bfloat16_instructions_updates_auto_in_float32_and_warns_of_bfloat16_once(isa):
+    """oneDNN held to an instruction set without bfloat16 (``ONEDNN_MAX_CPU_ISA``), as on a CPU
+    that has none: AVX2, or AVX-512 as a Skylake or Cascade Lake Xeon has it, on which oneDNN's own
+    check passes and emulates bfloat16. ``auto`` runs float32 there, and a run asking for bfloat16
+    is told once that it is slower."""
     script = ("import logging, torch\n"
               "logging.basicConfig()\n"
               "from marlkit.precision import cpu_has_bfloat16, loss_precision, update_precision\n"
@@ -114,7 +140,7 @@ def test_a_cpu_without_bfloat16_instructions_updates_auto_in_float32_and_warns_o
               "for asked in ('bfloat16', 'bfloat16', 'float32', 'bfloat16'):\n"
               "    with loss_precision(torch.device('cpu'), asked):\n"
               "        torch.ones(2, 2) @ torch.ones(2, 2)\n")
-    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     warned = [line for line in done.stderr.splitlines() if "bfloat16 instructions" in line]
@@ -127,3 +153,26 @@ def test_every_on_policy_agent_updates_in_bfloat16(tiny, agent):
     assert run.steps == 40
     losses = {k: v for k, v in run.metrics.items() if k.startswith("agents/") and k.endswith("_loss")}
     assert losses and all(np.isfinite(v) for v in losses.values()), run.metrics
+
+
+def test_a_resumed_run_updates_in_the_precision_it_began_with(caplog):
+    """``auto`` decides per device, so a run resumed on another machine keeps what its checkpoint
+    says it began with (and says so); weights loaded into a new run, or a precision the config
+    names, decide afresh. The checkpoint is this machine's, its ``precision`` set to the one this
+    CPU would not pick, as another machine's would be."""
+    here = _cnn_mappo("auto").precision
+    there = "float32" if here == "bfloat16" else "bfloat16"
+    state = _cnn_mappo("auto").state_dict()
+    assert state["precision"] == here
+    state["precision"] = there
+    resumed = _cnn_mappo("auto")
+    with caplog.at_level("WARNING", logger="marlkit.agents.on_policy"):
+        resumed.load_state_dict(state)
+    assert resumed.precision == there
+    assert any(f"resumed in {there}" in r.getMessage() for r in caplog.records), caplog.text
+    fresh = _cnn_mappo("auto")
+    fresh.load_state_dict(state, weights_only=True)
+    assert fresh.precision == here
+    named = _cnn_mappo(here)
+    named.load_state_dict(state)
+    assert named.precision == here

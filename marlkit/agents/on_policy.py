@@ -9,6 +9,7 @@ Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ from marlkit.precision import loss_precision, update_precision
 from marlkit.registry import UnknownNameError, get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -446,7 +449,8 @@ class OnPolicyAgent(Agent):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "modules": self.modules.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state()}
+                "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                "precision": self.precision}
 
     def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
         super().load_state_dict(state, weights_only)
@@ -454,4 +458,11 @@ class OnPolicyAgent(Agent):
         if not weights_only:
             self.optimizer.load_state_dict(state["optimizer"])
             self.generator.set_state(state["generator"])
+            # a run resumed on another machine updates as it began: `auto` would decide anew there
+            began = state.get("precision")
+            if self.cfg.precision == "auto" and began is not None and began != self.precision:
+                log.warning("agents.%s.precision: auto, resumed in %s as the run began (this device would "
+                            "pick %s; set the precision to say which)", self.registered_name, began,
+                            self.precision)
+                self.precision = began
 

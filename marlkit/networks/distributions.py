@@ -6,6 +6,7 @@ Masked logits are set to a large negative number, so masked actions get probabil
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -126,9 +127,11 @@ class ActionHead(nn.Module):
         self.linear = init_linear(nn.Linear(in_dim, out), gain=0.01)
 
     def forward(self, features: torch.Tensor, action_mask: torch.Tensor | None = None):
-        # float32 whatever the precision of the layers before (autocast's bfloat16 keeps 3 digits:
-        # PPO's probability ratios would be off by a percent)
-        out = self.linear(features).float()
+        # float32 whatever the precision of the layers before: autocast's bfloat16 keeps 3 digits,
+        # and logits rounded so would put PPO's probability ratios off by a percent or more
+        device = features.device.type
+        with torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else contextlib.nullcontext():
+            out = self.linear(features.float())
         if self.hybrid is not None:
             n = self.n_continuous
             return Hybrid(DiagGaussian(out[..., :n], self.log_std), MultiCategorical(out[..., n:], self.nvec, action_mask))
