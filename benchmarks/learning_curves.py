@@ -19,9 +19,13 @@ label is the file's tag), up to ``--until`` env steps.
 one agent, a seed each): a panel for the first group's evaluation return and one per env
 statistic named, mean over the runs with their range shaded, the random baseline each run
 measured as a dashed line (mean over the runs); prints each run's random, final and best rows.
+``LABEL=A.json,B.json`` draws those runs as a line of their own (runs of one env in two settings).
 
     python benchmarks/learning_curves.py --benchmarks benchmarks/results/doom_coop_seed*.json \
         --stat kills --out docs/img/doom_coop_learning_curves.png
+    python benchmarks/learning_curves.py --stat kills --out docs/img/doom_coop_bfloat16.png --benchmarks \
+        float32=benchmarks/results/doom_coop_seed1.json,benchmarks/results/doom_coop_seed2.json \
+        bfloat16=benchmarks/results/doom_coop_bfloat16_seed1.json,benchmarks/results/doom_coop_bfloat16_seed2.json
 """
 from __future__ import annotations
 
@@ -74,8 +78,9 @@ def main() -> None:
     parser.add_argument("--panels", nargs="+", default=[], metavar="ENV=RESULT[,RESULT...]",
                         help="one panel per env, one line per result file")
     parser.add_argument("--until", type=int, default=None, help="with --panels: the last env step drawn")
-    parser.add_argument("--benchmarks", nargs="+", default=[], type=Path, metavar="BENCHMARK_JSON",
-                        help="benchmark.json files of marlkit --benchmark runs of one env")
+    parser.add_argument("--benchmarks", nargs="+", default=[], metavar="[LABEL=]BENCHMARK_JSON[,...]",
+                        help="benchmark.json files of marlkit --benchmark runs of one env; LABEL=A.json,B.json "
+                             "draws those runs as a line of their own")
     parser.add_argument("--stat", nargs="*", default=[], help="with --benchmarks: env statistics drawn too")
     args = harness.parse_args(parser)
     if sum(map(bool, (args.results, args.panels, args.benchmarks))) != 1:
@@ -83,7 +88,7 @@ def main() -> None:
     import matplotlib
     matplotlib.use("Agg")
     if args.benchmarks:
-        return benchmark_runs(args.benchmarks, args.stat, args.out)
+        return benchmark_runs(labelled_runs(args.benchmarks), args.stat, args.out)
     if args.panels:
         return panels(args.panels, args.until, args.out or Path("docs/img/pooled_critic_learning.png"))
     args.out = args.out or Path("docs/img/mpe_spread_learning_curves.png")
@@ -157,49 +162,71 @@ def panels(specs: list[str], until: int | None, out: Path) -> None:
     print(f"wrote {out}")
 
 
-def benchmark_runs(paths: list[Path], stats: list[str], out: Path | None) -> None:
+def labelled_runs(specs: list[str]) -> dict[str | None, list[Path]]:
+    """``--benchmarks`` as label -> files; files given without a label share the label None."""
+    groups: dict[str | None, list[Path]] = defaultdict(list)
+    for spec in specs:
+        label, sep, files = spec.partition("=")
+        if not sep or "/" in label:   # a path of its own, whatever its name holds
+            label, files = None, spec
+        groups[label] += [Path(f) for f in files.split(",") if f]
+    return dict(groups)
+
+
+def benchmark_runs(groups: dict[str | None, list[Path]], stats: list[str], out: Path | None) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
-    runs = [json.loads(p.read_text()) for p in paths]
-    env, agent = runs[0]["env"], runs[0]["agent"]
+    lines = {label: [json.loads(p.read_text()) for p in paths] for label, paths in groups.items()}
+    everyone = [r for runs in lines.values() for r in runs]
+    env, agent = everyone[0]["env"], everyone[0]["agent"]
+    others = sorted({f"{r['env']}/{r['agent']}" for r in everyone} - {f"{env}/{agent}"})
+    if others:
+        raise SystemExit(f"--benchmarks: runs of one env and agent ({env}/{agent}), not also of {', '.join(others)}")
+    runs_without = [str(p) for paths in groups.values() for p in paths
+                    if not json.loads(p.read_text()).get("baseline")]
+    if runs_without:
+        raise SystemExit(f"no random baseline in {', '.join(runs_without)} (written before benchmarks measured one)")
 
     def value(row: dict, key: str | None) -> float:
         return float(next(iter(row["mean"].values()))) if key is None else float(row["env"][key])
 
-    print(f"{env}, {agent}: " + ", ".join(f"seed {r['seed']} ({r['steps']:,} steps, {(r['wall_time_s'] or 0) / 60:.1f} "
-                                          "min in its last process)" for r in runs))
-    runs_without = [str(p) for p, r in zip(paths, runs) if not r.get("baseline")]
-    if runs_without:
-        raise SystemExit(f"no random baseline in {', '.join(runs_without)} (written before benchmarks measured one)")
-    for key in [None, *stats]:
-        name = key or "return"
-        cells = [(r["seed"], value(r["baseline"], key), value(r["final"], key), value(r["best"], key)) for r in runs]
-        print(f"{name}: " + "; ".join(f"seed {s}: random {b:.3f}, final {f:.3f}, best.pt {x:.3f}"
-                                      for s, b, f, x in cells))
-        finals, randoms = [c[2] for c in cells], [c[1] for c in cells]
-        spread = f" ± {np.std(finals, ddof=1):.3f}" if len(finals) > 1 else ""
-        print(f"  mean over runs: random {np.mean(randoms):.3f}, final {np.mean(finals):.3f}{spread}")
+    for label, runs in lines.items():
+        print(f"{env}, {agent}{f' ({label})' if label else ''}: " + ", ".join(
+            f"seed {r['seed']} ({r['steps']:,} steps, {(r['wall_time_s'] or 0) / 60:.1f} min in its last process)"
+            for r in runs))
+        for key in [None, *stats]:
+            name = key or "return"
+            cells = [(r["seed"], value(r["baseline"], key), value(r["final"], key), value(r["best"], key))
+                     for r in runs]
+            print(f"{name}: " + "; ".join(f"seed {s}: random {b:.3f}, final {f:.3f}, best.pt {x:.3f}"
+                                          for s, b, f, x in cells))
+            finals, randoms = [c[2] for c in cells], [c[1] for c in cells]
+            spread = f" ± {np.std(finals, ddof=1):.3f}" if len(finals) > 1 else ""
+            print(f"  mean over runs: random {np.mean(randoms):.3f}, final {np.mean(finals):.3f}{spread}")
 
     fig, axes = plt.subplots(1, 1 + len(stats), figsize=(6 * (1 + len(stats)), 4), squeeze=False)
     for ax, key in zip(axes[0], [None, *stats]):
-        # every run of one config evaluates at the same steps; a run cut short covers a prefix
-        steps = sorted({row["step"] for r in runs for row in r["evaluations"]})
-        at_step = [[value(row, key) for r in runs for row in r["evaluations"] if row["step"] == s] for s in steps]
-        line, = ax.plot(steps, [np.mean(v) for v in at_step], "o-", ms=3, label=f"{agent} ({len(runs)} seeds)")
-        ax.fill_between(steps, [min(v) for v in at_step], [max(v) for v in at_step], color=line.get_color(), alpha=0.15)
-        ax.axhline(np.mean([value(r["baseline"], key) for r in runs]), color="gray", ls="--",
+        for label, runs in lines.items():
+            # every run of one config evaluates at the same steps; a run cut short covers a prefix
+            steps = sorted({row["step"] for r in runs for row in r["evaluations"]})
+            at_step = [[value(row, key) for r in runs for row in r["evaluations"] if row["step"] == s] for s in steps]
+            seeds = f"{len(runs)} run{'s' if len(runs) > 1 else ''}"
+            line, = ax.plot(steps, [np.mean(v) for v in at_step], "o-", ms=3,
+                            label=f"{agent}, {label} ({seeds})" if label else f"{agent} ({seeds})")
+            ax.fill_between(steps, [min(v) for v in at_step], [max(v) for v in at_step], color=line.get_color(),
+                            alpha=0.15)
+        ax.axhline(np.mean([value(r["baseline"], key) for r in everyone]), color="gray", ls="--",
                    label="random policy (measured by each run)")
         ax.set_xlabel("env steps")
         ax.set_ylabel("eval return (first group, mean over its agents)" if key is None else f"{key} per episode")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{env}: {agent}, evaluation mean over seeds (range shaded), 2-core CPU")
+        ax.legend(loc="upper left", fontsize=8)
+    fig.suptitle(f"{env}: {agent}, evaluation mean over runs (range shaded), 2-core CPU")
     fig.tight_layout()
     out = out or Path(f"docs/img/{Path(env).stem}_learning_curves.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     print(f"wrote {out}")
-
 
 if __name__ == "__main__":
     main()
