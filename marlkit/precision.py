@@ -1,6 +1,6 @@
 """The precision of an update's forward passes (an agent's ``precision``): float32, or bfloat16
 under torch's autocast with float32 weights, gradients and optimiser state. bfloat16 pays where the
-device computes it natively; a CPU without AVX512-BF16 or AMX emulates it, 8-14x slower than
+device computes it natively; a CPU without AVX512-BF16 or AMX emulates it, 1.7-14x slower than
 float32 (docs/benchmarks.md, "The update in bfloat16")."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def loss_precision(device: torch.device, precision: str):
     torch's autocast runs the convolutions and matmuls in bfloat16 while weights, gradients, Adam's
     moments and the action distributions (``ActionHead``) stay float32. On a CPU with bfloat16
     instructions (AVX512-BF16 or AMX) a convolutional update runs 1.2-1.9x faster
-    (docs/benchmarks.md); where it has none, oneDNN emulates them, 8-14x slower than float32."""
+    (docs/benchmarks.md); where it has none, oneDNN emulates them, 1.7-14x slower than float32."""
     if precision != "bfloat16":
         return contextlib.nullcontext()
     if device.type == "cpu":
