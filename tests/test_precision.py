@@ -12,7 +12,7 @@ from gymnasium import spaces
 from torch import nn
 
 import marlkit
-from marlkit.precision import loss_precision
+from marlkit.precision import loss_precision, update_precision
 from marlkit.api import build_config
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.distributions import ActionHead
@@ -176,3 +176,15 @@ def test_a_resumed_run_updates_in_the_precision_it_began_with(caplog):
     named = _cnn_mappo(here)
     named.load_state_dict(state)
     assert named.precision == here
+
+
+@pytest.mark.parametrize("capability, expected", [((7, 5), "float32"), ((8, 0), "bfloat16"), ((9, 0), "bfloat16")])
+def test_auto_on_a_gpu_is_bfloat16_from_ampere_on(monkeypatch, capability, expected):
+    """A mock: no GPU here. torch's ``get_device_capability`` answers for the device asked about,
+    as a Turing (7.5), an Ampere (8.0) or a Hopper (9.0) GPU would; ``is_bf16_supported`` would
+    say yes on Turing too, where bfloat16 is emulated."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or capability)
+    assert update_precision("auto", torch.device("cuda", 1)) == expected
+    assert asked == [torch.device("cuda", 1)]
+    assert update_precision("float32", torch.device("cuda", 1)) == "float32"
