@@ -3,7 +3,8 @@ actions, for 2 and 4 players, and MAPPO training of doom_coop against random ste
 vector env. Each pair alternates within one process, so both sides see the same machine load.
 
     python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
-                                         [--train-steps 4096] [--set KEY=VALUE ...] [--tag NAME]
+                                         [--train-steps 4096] [--rows training ...] [--device cuda]
+                                         [--set KEY=VALUE ...] [--tag NAME]
 
 A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
 wrapper must do: one process per player holding a DoomGame on deathmatch.cfg (player 0 hosting,
@@ -16,8 +17,10 @@ stack of 4 frames. Beside them, per player count, that config's default vector e
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
 the update), the same with ``runner.overlap=false`` and with the update in bfloat16
 (``agents.MAPPO.precision``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
-that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--set``
-applies to both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
+that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--rows``
+picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
+pass) on that device. ``--players`` with no count skips the bare-loop pairs. ``--set`` applies to
+both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import numpy as np
 
 import harness
 
+TRAINING_ROWS = ["training", "training_no_overlap", "training_bfloat16", "training_spin"]
 BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
 
 
@@ -160,6 +164,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1500, help="joint steps per measurement (2 players)")
     p.add_argument("--players", type=int, nargs="*", default=[2, 4])
     p.add_argument("--train-steps", type=int, default=4096, help="0 skips the training measurement")
+    p.add_argument("--rows", nargs="*", default=TRAINING_ROWS, choices=TRAINING_ROWS,
+                   help="the training rows to measure (each beside random stepping)")
+    p.add_argument("--device", default=None,
+                   help="also train with the update on this device (cuda), beside the rows on the config's")
     args = harness.parse_args(p)
 
     from marlkit.api import build_config
@@ -190,45 +198,36 @@ def main() -> None:
         coop = build_config("MAPPO", "doom_coop", overrides=args.overrides)
         spin = {**args.overrides, "env.engine_wait": "spin"}
         coop_spin = build_config("MAPPO", "doom_coop", overrides=args.overrides, **{"env.engine_wait": "spin"})
-        no_overlap = {**args.overrides, "runner.overlap": False}
-        bfloat16 = {**args.overrides, "agents.MAPPO.precision": "bfloat16"}
-        samples, medians = harness.measure({
-            "training": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, args.overrides),
-            "training_no_overlap": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps,
-                                                                     no_overlap),
-            "training_bfloat16": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, bfloat16),
-            "random": lambda: harness.random_steps_per_s(coop, args.train_steps // 2),
-            "training_spin": lambda: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, spin),
-            "random_spin": lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)},
-            args.repeats, label="doom_coop ")
-        train, train_no_overlap, rand = medians["training"], medians["training_no_overlap"], medians["random"]
+        trainings = {   # row: (overrides, the random row it is a ratio of)
+            "training": (args.overrides, "random"),
+            "training_no_overlap": ({**args.overrides, "runner.overlap": False}, "random"),
+            "training_bfloat16": ({**args.overrides, "agents.MAPPO.precision": "bfloat16"}, "random"),
+            "training_spin": (spin, "random_spin"),
+            **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random")}
+               if args.device else {})}
+        trainings = {k: v for k, v in trainings.items() if k in args.rows or k == f"training_{args.device}"}
+        sides = {name: (lambda o=o: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, o))
+                 for name, (o, _) in trainings.items()}
+        sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
+        if "training_spin" in trainings:
+            sides["random_spin"] = lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)
+        samples, medians = harness.measure(sides, args.repeats, label="doom_coop ")
         out["mappo_training"] = {
             "config": "marlkit/configs/doom_coop.yaml", "steps": args.train_steps,
             "vector_env": f"{coop.runner.parallels} envs, {coop.runner.vectorize}",
-            "engine_wait": coop.env.engine_wait,
-            "joint_steps_per_s": samples["training"], "no_overlap_joint_steps_per_s": samples["training_no_overlap"],
-            "random_same_vector_env_joint_steps_per_s": samples["random"],
-            "ratio_per_repeat": [t / r for t, r in zip(samples["training"], samples["random"])],
-            "no_overlap_ratio_per_repeat": [t / r for t, r in zip(samples["training_no_overlap"], samples["random"])],
-            "ratio_median": train / rand, "no_overlap_ratio_median": train_no_overlap / rand,
-            "bfloat16_joint_steps_per_s": samples["training_bfloat16"],
-            "bfloat16_ratio_per_repeat": [t / r for t, r in zip(samples["training_bfloat16"], samples["random"])],
-            "bfloat16_ratio_median": medians["training_bfloat16"] / rand,
-            "engine_wait_spin": {
-                "joint_steps_per_s": samples["training_spin"],
-                "random_same_vector_env_joint_steps_per_s": samples["random_spin"],
-                "ratio_per_repeat": [t / r for t, r in zip(samples["training_spin"], samples["random_spin"])],
-                "ratio_median": medians["training_spin"] / medians["random_spin"]}}
+            "engine_wait": coop.env.engine_wait, "device": coop.device,
+            **{f"{name}_joint_steps_per_s": s for name, s in samples.items()},
+            **{f"{name}_ratio_per_repeat": [t / r for t, r in zip(samples[name], samples[rand])]
+               for name, (_, rand) in trainings.items()},
+            **{f"{name}_ratio_median": medians[name] / medians[rand] for name, (_, rand) in trainings.items()}}
     harness.write_results("doom_throughput", args, out)
-    harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
+    if rows:
+        harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
-        print(f"doom_coop, medians: MAPPO training {train:.1f} joint steps/s ({train / rand:.2f}x random), without "
-              f"overlap {train_no_overlap:.1f} ({train_no_overlap / rand:.2f}x), the update in bfloat16 "
-              f"{medians['training_bfloat16']:.1f} ({medians['training_bfloat16'] / rand:.2f}x); random actions through the same "
-              f"vector env ({coop.runner.parallels} envs, {coop.runner.vectorize}) {rand:.1f}; with "
-              f"env.engine_wait=spin: training {medians['training_spin']:.1f}, random {medians['random_spin']:.1f} "
-              f"({medians['training_spin'] / medians['random_spin']:.2f}x)")
-
+        print(f"doom_coop, medians ({coop.runner.parallels} envs, {coop.runner.vectorize}): " + "; ".join(
+            f"{name} {medians[name]:.1f} joint steps/s ({medians[name] / medians[rand]:.2f}x {rand})"
+            for name, (_, rand) in trainings.items()) + "; " + ", ".join(
+            f"{r} {medians[r]:.1f}" for r in ("random", "random_spin") if r in medians))
 
 if __name__ == "__main__":
     main()

@@ -17,6 +17,7 @@ one thread and on every thread given (``--threads``), or on the GPU.
     python benchmarks/update_flops.py                       # CPU, 1 and 2 threads
     python benchmarks/update_flops.py --precision float32 bfloat16   # and the update in bfloat16
     python benchmarks/update_flops.py --device cuda --out benchmarks/results/update_flops_cuda.json
+    python benchmarks/update_flops.py --device cuda --scale 1 4 16   # rollouts 4x and 16x as large
 """
 from __future__ import annotations
 
@@ -132,9 +133,14 @@ def rollout(agent, group, env, envs: int, horizon: int, rng):
     return storage.finish(Collected(r, boot)), acting_s, act_flops
 
 
-def measure(name: str, device: torch.device, threads: int, updates: int, precision: str = "float32") -> dict:
+def measure(name: str, device: torch.device, threads: int, updates: int, precision: str = "float32",
+            scale: int = 1) -> dict:
+    """One workload's row; ``scale`` multiplies its envs (the minibatch count stays, so each
+    minibatch grows): an update whose time does not grow with it is bound by per-minibatch costs
+    (kernel launches, Python), not by arithmetic."""
     torch.set_num_threads(threads)
     agent, group, env, envs, horizon = make_agent(name, device, precision)
+    envs *= scale
     rng = np.random.default_rng(0)
     batch, acting_s, act_flops = rollout(agent, group, env, envs, horizon, rng)
     agent.update(batch, Progress(envs * horizon, 10 ** 9))   # warm-up: first calls allocate
@@ -153,7 +159,8 @@ def measure(name: str, device: torch.device, threads: int, updates: int, precisi
         seconds.append(time.perf_counter() - start)
     samples = envs * horizon * group.n_agents            # agent steps in one rollout
     update_s = float(np.median(seconds))
-    return {"workload": name, "device": str(device), "threads": threads, "precision": precision,
+    return {"workload": name, "device": str(device), "threads": threads, "precision": precision, "envs": envs,
+            "samples_per_update": samples,
             "acting_mflop_per_agent_step": act_flops / (envs * group.n_agents) / 1e6,
             "update_mflop_per_sample": update_flops / samples / 1e6,
             "update_gflop": update_flops / 1e9, "update_s_median": update_s,
@@ -169,6 +176,8 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=3)
     parser.add_argument("--precision", nargs="*", default=["float32"], choices=["float32", "bfloat16"],
                         help="the update's precision (the agents' precision key); FLOPs are counted alike")
+    parser.add_argument("--scale", type=int, nargs="*", default=[1],
+                        help="rollouts of this many times each workload's envs (same minibatch count)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -178,12 +187,12 @@ def main() -> None:
             peak = peaks.setdefault(threads, {})[precision] = peak_gflops(device, threads, precision)
             print(f"peak on {device}, {threads} thread(s), {precision}: conv {peak['conv']:.1f} GFLOP/s, "
                   f"matmul {peak['matmul']:.1f} GFLOP/s")
-        for name, precision in ((n, p) for n in args.workloads for p in args.precision):
-            row = measure(name, device, threads, args.updates, precision)
+        for name, precision, scale in ((n, p, k) for n in args.workloads for p in args.precision for k in args.scale):
+            row = measure(name, device, threads, args.updates, precision, scale)
             row["fraction_of_conv_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["conv"]
             row["fraction_of_matmul_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["matmul"]
             rows.append(row)
-            print(f"  {name:<11} {precision:<8} acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
+            print(f"  {name:<11} {precision:<8} {row['samples_per_update']:>6} samples: acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
                   f"({row['acting_ms_per_step']:.1f} ms/step); "
                   f"update {row['update_mflop_per_sample']:.1f} MFLOP/sample, "
                   f"{row['update_gflop']:.1f} GFLOP in {row['update_s_median']:.3f} s = "

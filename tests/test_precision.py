@@ -94,6 +94,23 @@ def test_the_action_distribution_stays_float32_under_autocast():
     assert torch.allclose(dist.log_probs.exp().sum(-1), torch.ones(1, 2, A))
 
 
+def test_features_in_bfloat16_fill_the_present_slots_beside_absent_ones():
+    """CUDA's autocast leaves the encoder's features in bfloat16 where copying them beside the absent
+    slots' zeros needs them float32 (CPU's autocast promotes that copy itself, so this CPU cannot
+    show it): a forward hook stands in for CUDA's autocast here (no GPU)."""
+    agent = _cnn_mappo("bfloat16")
+    obs = torch.randint(0, 256, (1, 2, A, *VIEW), dtype=torch.uint8)
+    present = torch.tensor([[[True, False, True], [False, True, True]]])
+    hook = agent.modules["actor"].register_forward_hook(lambda m, i, out: (out[0].bfloat16(), out[1]))
+    try:
+        features, _ = agent.actor.encode(agent.modules["actor"], obs, None, None, ids=False, present=present)
+    finally:
+        hook.remove()
+    assert features.dtype == torch.float32
+    assert not features[~present].any()                      # absent slots: zeros, never encoded
+    assert features[present].abs().sum(-1).gt(0).all()
+
+
 @pytest.mark.parametrize("space", [spaces.Discrete(ACTIONS), spaces.MultiDiscrete([3, 4]), spaces.Box(-1, 1, (2,))])
 def test_the_action_heads_logits_are_computed_in_float32_under_autocast(space):
     """The head's own product in float32 too, not only its output cast back: logits rounded to

@@ -90,7 +90,8 @@ class SharedActor:
             features = torch.zeros(L * B * A, encoder.out_dim, device=x.device)
             if len(rows):
                 encoded, _ = encoder(x.reshape(L * B * A, *x.shape[3:]).index_select(0, rows).unsqueeze(0))
-                features = features.index_copy(0, rows, encoded[0])
+                # CPU autocast promotes index_copy's source to float32, CUDA autocast does not
+                features = features.index_copy(0, rows, encoded[0].to(features.dtype))
             return self.join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), None
         h = hidden.reshape(B * A, -1) if hidden is not None and encoder.is_recurrent else None
         starts = episode_start.reshape(L, B * A) if episode_start is not None else None
