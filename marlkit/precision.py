@@ -28,13 +28,13 @@ def loss_precision(device: torch.device, precision: str):
 
 
 def update_precision(precision: str, device: torch.device) -> str:
-    """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 where the device
-    computes it natively (a CPU with AVX512-BF16 or AMX, a CUDA GPU from Ampere on), else float32."""
+    """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 on a CPU that computes
+    it natively (AVX512-BF16 or AMX), else float32, GPUs included: there marlkit's small networks
+    are bound by kernel launches, not arithmetic, and autocast's casts add launches (on an H200 the
+    bfloat16 update of battle-CNN and doom_coop took 1.06-1.5x float32's time at every rollout size
+    measured, docs/benchmarks.md)."""
     if precision != "auto":
         return precision
-    if device.type == "cuda":
-        # torch.cuda.is_bf16_supported() also says yes where bfloat16 is emulated (Volta, Turing)
-        return "bfloat16" if torch.cuda.get_device_capability(device) >= (8, 0) else "float32"
     return "bfloat16" if device.type == "cpu" and cpu_has_bfloat16() else "float32"
 
 
