@@ -5,10 +5,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import best_by_the_rule
+from marlkit.precision import update_precision
 
 TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "runner.eval_episodes=4",
         "runner.eval_parallels=2", "runner.eval_interval=100", "runner.log_interval=50"]
@@ -44,10 +46,12 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     assert "agents/policy_loss" in events.Tags()["scalars"]
 
     bench = cli("--agent", "IPPO", "--env", "mpe_spread", "--benchmark", "--set", f"runner.run_root={root}",
-                "runner.total_steps=300", *TINY)
+                "runner.total_steps=300", "agents.IPPO.precision=auto", *TINY)
     assert bench.returncode == 0, bench.stderr
     [brun] = only_run_dir(root, "IPPO")
     report = json.loads((brun / "benchmark.json").read_text())
+    # what the speed was measured with: auto as this CPU resolves it
+    assert report["device"] == "cpu" and report["precision"] == {"agents": update_precision("auto", torch.device("cpu"))}
     assert [r["step"] for r in report["evaluations"]] == [0, 100, 200, 300]
     assert report["best"] == best_by_the_rule(report["evaluations"])
     assert all(r["episodes"] == 4 and set(r["ci"]) == set(r["mean"]) for r in report["evaluations"])

@@ -101,6 +101,7 @@ class Agent:
     registered_name: str = ""
     learns = True
     modules: nn.ModuleDict | None = None   # the networks a checkpoint and a snapshot carry
+    precision = "float32"   # what the update computes in (on-policy agents: their resolved ``precision`` key)
     # True when check_group may refuse a group: the runner then asks the env type for its groups
     # before it starts the envs (a Unity scene is launched once for that, and closed)
     checks_groups = False

@@ -20,6 +20,7 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
               "best_metric": best_metric, "best_rule": BEST_RULE,
               "env_steps_per_s": result.metrics.get("perf/env_steps_per_s_overall"),
               "wall_time_s": result.metrics.get("perf/wall_time_s"),
+              "device": cfg.device, "precision": result.precision,   # what the speed was measured with
               "best": best, "final": evals[-1] if evals else None, "baseline": baseline, "evaluations": evals,
               "best_checkpoint": str(result.run_dir / "best.pt")}
     _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png")

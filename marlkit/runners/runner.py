@@ -50,6 +50,7 @@ class RunResult:
     evaluations: list[dict] = field(default_factory=list)
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
     best: dict | None = None        # the evaluation best.pt holds (statistics.beats chose it)
+    precision: dict[str, str] = field(default_factory=dict)   # per learning group, what its update computes in
 
 
 class ProgressBar(tqdm):
@@ -164,7 +165,8 @@ class Runner:
                     self._open_run_dir()
                     self.venv.log_to(self.run_dir)
                     self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
-                    result = RunResult(self.run_dir, cfg.mode)
+                    result = RunResult(self.run_dir, cfg.mode, precision={
+                        g: agent.precision for g, agent in self.agents.items() if agent.learns})
                     with stop.deferred():
                         self._train_loop(result, state, eval_venv, stop)
                     finished = True
