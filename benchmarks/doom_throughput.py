@@ -229,5 +229,6 @@ def main() -> None:
             for name, (_, rand) in trainings.items()) + "; " + ", ".join(
             f"{r} {medians[r]:.1f}" for r in ("random", "random_spin") if r in medians))
 
+
 if __name__ == "__main__":
     main()

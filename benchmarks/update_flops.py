@@ -192,7 +192,8 @@ def main() -> None:
             row["fraction_of_conv_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["conv"]
             row["fraction_of_matmul_peak"] = row["update_gflops_per_s"] / peaks[threads][precision]["matmul"]
             rows.append(row)
-            print(f"  {name:<11} {precision:<8} {row['samples_per_update']:>6} samples: acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
+            print(f"  {name:<11} {precision:<8} {row['samples_per_update']:>6} samples: "
+                  f"acting {row['acting_mflop_per_agent_step']:.2f} MFLOP/agent step "
                   f"({row['acting_ms_per_step']:.1f} ms/step); "
                   f"update {row['update_mflop_per_sample']:.1f} MFLOP/sample, "
                   f"{row['update_gflop']:.1f} GFLOP in {row['update_s_median']:.3f} s = "

@@ -51,7 +51,8 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     [brun] = only_run_dir(root, "IPPO")
     report = json.loads((brun / "benchmark.json").read_text())
     # what the speed was measured with: auto as this CPU resolves it
-    assert report["device"] == "cpu" and report["precision"] == {"agents": update_precision("auto", torch.device("cpu"))}
+    assert report["device"] == "cpu"
+    assert report["precision"] == {"agents": update_precision("auto", torch.device("cpu"))}
     assert [r["step"] for r in report["evaluations"]] == [0, 100, 200, 300]
     assert report["best"] == best_by_the_rule(report["evaluations"])
     assert all(r["episodes"] == 4 and set(r["ci"]) == set(r["mean"]) for r in report["evaluations"])
