@@ -123,6 +123,34 @@ def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, 
     assert len(warnings) == 1 and "multiwalker" in warnings[0] and "env.state: concat" in warnings[0]
 
 
+def test_agents_that_see_a_blank_screen_are_named_with_the_key_that_mends_it(caplog, monkeypatch):
+    """butterfly's cooperative_pong draws its screen only for a render mode: without one both paddles
+    observe black for the whole first episode, and the adapter says so once per env class, naming
+    the key that mends it; with ``env.render_mode: rgb_array`` the screens vary and nothing is said."""
+    pytest.importorskip("pygame", reason="the games extra (pip install -e .[games]) brings pygame")
+    from marlkit.envs import pettingzoo
+    monkeypatch.setattr(pettingzoo, "_WARNED_BLANK", set())
+    rng = np.random.default_rng(0)
+    spread, warned = {}, {}
+    for render_mode in (None, "rgb_array"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="marlkit.pettingzoo"):
+            for _ in range(2):   # a second env of the class is not warned of again
+                env = PettingZooEnv.from_config(pettingzoo.PettingZooConfig(
+                    factory="pettingzoo.butterfly.cooperative_pong_v6:parallel_env", render_mode=render_mode))
+                obs, over, seen = env.reset(seed=0), False, []
+                while not over:
+                    obs, *_, over = env.step({"agents": rng.integers(0, 3, 2)})
+                    seen.append(obs.obs["agents"].std())
+                env.close()
+        spread[render_mode] = max(seen)
+        warned[render_mode] = [r.getMessage() for r in caplog.records if r.name == "marlkit.pettingzoo"]
+    assert spread[None] == 0 and spread["rgb_array"] > 10
+    assert len(warned[None]) == 1 and "['paddle_0', 'paddle_1']" in warned[None][0]
+    assert "env.render_mode: rgb_array" in warned[None][0]
+    assert warned["rgb_array"] == []
+
+
 def test_checking_wrappers_come_off_and_the_dynamics_stay():
     """mpe2's parallel_env steps its AEC core without PettingZoo's order and bounds wrappers:
     the same seed and actions give the same observations and rewards as the wrapped env."""

@@ -31,6 +31,7 @@ from marlkit.envs.wrappers import block_factors, resize_images
 from marlkit.spec import is_channels_last
 
 log = logging.getLogger("marlkit.pettingzoo")
+_WARNED_BLANK: set[str] = set()
 _STATE_FAILED: set[str] = set()   # envs whose state() failed (and was warned of) in this process
 
 
@@ -261,6 +262,8 @@ class PettingZooEnv(MultiAgentEnv):
                             state_from_obs=not self._env_state, episode_limit=min(limits) if limits else None)
         self._t = 0
         self._checked_first_episode = False
+        # agents whose image observations have all been one value so far in the first episode
+        self._blank_images = {a for a, s in self._obs_space.items() if len(s.shape) == 3} if check_api else set()
         self._last_state = np.zeros(state_shape, np.float32)
 
     @staticmethod
@@ -294,6 +297,8 @@ class PettingZooEnv(MultiAgentEnv):
             if value.shape != space.shape:
                 raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} has shape {value.shape}, "
                                   f"but its observation_space says {space.shape}")
+            if agent in self._blank_images and value.min() != value.max():
+                self._blank_images.discard(agent)
             if self.check_api and not self._checked_first_episode and not space.contains(value.astype(space.dtype)):
                 raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} lies outside its "
                                   f"observation_space {space} (set env.check_api: false to skip this check)")
@@ -395,9 +400,23 @@ class PettingZooEnv(MultiAgentEnv):
             for agent in acting:
                 g, i = self._slot[agent]
                 truncated[g][i] |= not terminated[g][i]
-        if episode_over:
+        if episode_over and not self._checked_first_episode:
             self._checked_first_episode = True
+            self._warn_of_blank_images()
         return observation, reward, terminated, truncated, episode_over
+
+    def _warn_of_blank_images(self) -> None:
+        """Some PettingZoo envs draw their screen only for a render mode (butterfly's cooperative_pong
+        observes a black screen without one): agents that see one value for a whole episode learn
+        nothing, and nothing else would say so."""
+        name = type(getattr(self.env, "unwrapped", self.env)).__name__
+        if self._blank_images and name not in _WARNED_BLANK:
+            _WARNED_BLANK.add(name)   # once per env class and process, not once per env of a vector env
+            log.warning("marlkit: the image observations of agent(s) %s were one value for all %d steps of "
+                        "the first episode: they see nothing. Some PettingZoo envs draw their screen only when "
+                        "a render mode is set; set env.render_mode: rgb_array (or env.check_api: false to skip "
+                        "this check)", sorted(self._blank_images), self._t)
+        self._blank_images = set()
 
     def render(self):
         return self.env.render()
