@@ -116,6 +116,11 @@ class RunnerConfig:
     # runs: the same bits whatever runner.workers, act_in_workers or vectorize are, on any CPU
     # (torch's matrix kernels round a batch of another size differently, docs/envs.md)
     act_batch: Optional[int] = field(default=None, metadata=_range(1))
+    # double-buffered collection: the envs in two parts of whole env workers that take turns, one
+    # stepping while the policies act (here) on the other, so that acting leaves the envs' critical
+    # path; for envs whose step is slow beside acting (doom_coop, docs/benchmarks.md). Needs env
+    # worker processes and two workers or more; the workers then do not act (act_in_workers null)
+    double_buffer: bool = False
 
     def settle_update_bound(self) -> None:
         """Resolve, for a run that learns with convolutions (``Encoder.update_bound``), what its
@@ -144,10 +149,21 @@ class RunnerConfig:
         """Whether the env workers act on their own envs (``act_in_workers``, null resolved); they act
         on the CPU whatever device the update runs on."""
         if self.act_in_workers is None:
-            return self.envs_in_processes()
+            return self.envs_in_processes() and not self.double_buffer
         return self.act_in_workers
 
     def check(self, device: str) -> None:
+        if self.double_buffer and not (self.envs_in_processes() and self.parallels > 1 and self.workers != 1):
+            raise ConfigError(
+                f"runner.double_buffer: true steps two parts of the envs in env worker processes by turns, but "
+                f"runner.vectorize: {self.vectorize} with runner.parallels: {self.parallels}"
+                + (f" and runner.workers: {self.workers}" if self.workers is not None else "")
+                + " has " + ("one env worker" if self.envs_in_processes() else "none")
+                + "; set runner.vectorize: subprocess with runner.parallels and runner.workers 2 or more, "
+                  "or runner.double_buffer: false")
+        if self.double_buffer and self.act_in_workers:
+            raise ConfigError("runner.double_buffer: true acts in this process while env workers step, but "
+                              "runner.act_in_workers: true acts in the workers; set one of them false")
         if self.act_in_workers and not self.envs_in_processes():
             raise ConfigError(
                 f"runner.act_in_workers: true needs env worker processes of this machine, but runner.vectorize: "

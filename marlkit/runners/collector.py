@@ -64,18 +64,25 @@ def fill_rollouts(venv, policies: dict[str, Agent], rollouts: dict[str, Rollout]
     for t in range(horizon):
         outs = act(policies, obs, hidden, True, block, progress)
         res = venv.step({g: out.actions for g, out in outs.items()})
-        for g, rollout in rollouts.items():
-            out = outs[g]
-            present = obs.agent_mask[g] if res.lost is None else obs.agent_mask[g] & ~res.lost[:, None]
-            rollout.add(Transition(
-                obs.obs[g], obs.state, present, obs.action_mask[g], out.actions,
-                out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
-                res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
-                agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
-        finished += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
-        hidden = advance_hidden(outs, res.episode_end, res.agent_end)
-        obs = res.next
+        obs, hidden = record_step(rollouts, obs, hidden, outs, res, t, finished)
     return obs, hidden, finished
+
+
+def record_step(rollouts: dict[str, Rollout], obs: Observation, hidden: dict, outs: dict, res,
+                t: int, finished: list) -> tuple[Observation, dict]:
+    """Store step ``t`` (acting ``outs`` from ``obs`` and ``hidden``, the vector env's ``res``)
+    into ``rollouts``, its finished episodes onto ``finished`` -> the observation and hidden
+    state the next step starts from."""
+    for g, rollout in rollouts.items():
+        out = outs[g]
+        present = obs.agent_mask[g] if res.lost is None else obs.agent_mask[g] & ~res.lost[:, None]
+        rollout.add(Transition(
+            obs.obs[g], obs.state, present, obs.action_mask[g], out.actions,
+            out.log_prob, out.value, res.reward[g], res.terminated[g], res.truncated[g],
+            res.episode_end, res.final.obs[g], res.final.state, hidden[g], out.hidden, out.extras,
+            agent_end=res.agent_end.get(g), final_action_mask=res.final.action_mask[g]))
+    finished += [(t, e, info["episode"]) for e, info in enumerate(res.infos) if "episode" in info]
+    return res.next, advance_hidden(outs, res.episode_end, res.agent_end)
 
 
 def bootstrap_of(obs: Observation, hidden: dict, group: str) -> Bootstrap:

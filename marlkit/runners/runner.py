@@ -27,6 +27,7 @@ from marlkit.errors import ConfigError, RunInterrupted, TrainingDivergedError
 from marlkit.logger import Logger
 from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
 from marlkit.runners.collector import Collector
+from marlkit.runners.double_buffered import DoubleBufferedCollector
 from marlkit.runners.evaluation import (EvaluationStopped, Evaluator, best_metric_description, evaluation_line,
                                         mean_stats, random_policy, run_episodes)
 from marlkit.runners.group_agents import build_agents, check_groups, group_agent_names, load_group
@@ -276,7 +277,8 @@ class Runner:
         total = math.ceil(rc.total_steps / per_update) * per_update
         learners = [g for g in self.agents if self._learning(g)]
         overlap = rc.overlapped()
-        collecting = WorkerCollector if rc.acts_in_workers() else Collector
+        collecting = (WorkerCollector if rc.acts_in_workers() else DoubleBufferedCollector if rc.double_buffer
+                      else Collector)
         collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
         # with the envs in this process, the update and the next rollout take turns instead

@@ -84,9 +84,11 @@ class Sizing:
             runner["update_threads"] = min(rc.update_threads, cpus)
         if rc.envs_in_processes():
             if self.cores == 1:
-                runner.update(vectorize="sync", overlap=rc.overlapped(), act_in_workers=None)
+                runner.update(vectorize="sync", overlap=rc.overlapped(), act_in_workers=None, double_buffer=False)
             else:
                 runner["workers"] = cpus
+                if cpus < 2:   # one worker: no two parts of the envs to step by turns
+                    runner["double_buffer"] = False
         return {"runner": runner}
 
 

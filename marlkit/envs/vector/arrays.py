@@ -76,14 +76,15 @@ class _Arrays:
     def actions(self, e: int) -> dict[str, np.ndarray]:
         return {g: self.a[f"action.{g}"][e] for g in self.spec.groups}
 
-    def observation(self, which: str) -> Observation:
+    def observation(self, which: str, rows: slice = slice(None)) -> Observation:
+        """Copies of the ``rows`` envs' observation ``which`` (all envs by default)."""
         a, gs = self.a, self.spec.groups
-        return Observation({g: a[f"{which}.obs.{g}"].copy() for g in gs}, a[f"{which}.state"].copy(),
-                           {g: a[f"{which}.agent_mask.{g}"].copy() for g in gs},
-                           {g: a[f"{which}.action_mask.{g}"].copy() for g in gs})
+        return Observation({g: a[f"{which}.obs.{g}"][rows].copy() for g in gs}, a[f"{which}.state"][rows].copy(),
+                           {g: a[f"{which}.agent_mask.{g}"][rows].copy() for g in gs},
+                           {g: a[f"{which}.action_mask.{g}"][rows].copy() for g in gs})
 
-    def group(self, name: str) -> dict[str, np.ndarray]:
-        return {g: self.a[f"{name}.{g}"].copy() for g in self.spec.groups}
+    def group(self, name: str, rows: slice = slice(None)) -> dict[str, np.ndarray]:
+        return {g: self.a[f"{name}.{g}"][rows].copy() for g in self.spec.groups}
 
     def release(self, unlink: bool) -> None:
         self.a = {}

@@ -29,17 +29,21 @@ class VectorEnv:
     num_envs: int
     restarts = 0   # workers replaced after a loss (backends that restart them)
 
-    def _finish(self, arrays: _Arrays, env_stats: dict[int, dict]) -> StepResult:
-        """``env_stats``: env index -> ``episode_stats()`` of the envs whose episode ended."""
-        infos: list[dict] = [{} for _ in range(self.num_envs)]
+    def _finish(self, arrays: _Arrays, env_stats: dict[int, dict], first: int = 0, count: int | None = None) -> StepResult:
+        """``env_stats``: env index -> ``episode_stats()`` of the envs whose episode ended. The result
+        is that of envs ``first .. first + count - 1`` (all envs by default), indexed from 0."""
+        count = self.num_envs - first if count is None else count
+        rows = slice(first, first + count)
+        infos: list[dict] = [{} for _ in range(count)]
         for e, stats in env_stats.items():
             if stats:
-                infos[e]["episode"] = {"stats": stats}
-        next_ob = arrays.observation("next")
+                infos[e - first]["episode"] = {"stats": stats}
+        next_ob = arrays.observation("next", rows)
         # on most steps nothing ends, and the final observation is the next one
-        final = arrays.observation("final") if arrays.a["any_end"].any() else next_ob
-        return StepResult(next_ob, arrays.group("reward"), arrays.group("terminated"), arrays.group("truncated"),
-                          arrays.a["episode_end"].copy(), final, infos, arrays.group("agent_end"))
+        final = arrays.observation("final", rows) if arrays.a["any_end"][rows].any() else next_ob
+        return StepResult(next_ob, arrays.group("reward", rows), arrays.group("terminated", rows),
+                          arrays.group("truncated", rows), arrays.a["episode_end"][rows].copy(), final, infos,
+                          arrays.group("agent_end", rows))
 
     def __enter__(self):
         return self

@@ -33,13 +33,14 @@ class EpisodeStats:
 
     PER_GROUP = ("returns", "seen", "agent_length")   # accumulators kept per group, [E, A_g] each
 
-    def rows(self, first: int, count: int) -> "EpisodeStats":
-        """The accumulators of envs ``first .. first + count - 1`` (copies), for a worker of those envs."""
+    def rows(self, first: int, count: int, view: bool = False) -> "EpisodeStats":
+        """The accumulators of envs ``first .. first + count - 1``: copies, for a worker of those
+        envs, or with ``view`` views, which count into these."""
         part = slice(first, first + count)
         block = copy.copy(self)
         for name in self.PER_GROUP:
-            setattr(block, name, {g: v[part].copy() for g, v in getattr(self, name).items()})
-        block.length = self.length[part].copy()
+            setattr(block, name, {g: v[part] if view else v[part].copy() for g, v in getattr(self, name).items()})
+        block.length = self.length[part] if view else self.length[part].copy()
         return block
 
     @staticmethod
@@ -127,16 +128,38 @@ class EpisodeStatistics:
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         result = self.venv.step(actions)
-        self.stats.add(self.acting, result.reward)
+        self._count(result, self.stats, self.acting)
+        self.acting = result.next.agent_mask
+        return result
+
+    def step_async(self, actions: dict[str, np.ndarray], envs: tuple[int, int]) -> None:
+        """The backend's: start stepping envs ``envs`` = (first, count) alone."""
+        self.venv.step_async(actions, envs)
+
+    def step_wait(self, envs: tuple[int, int]) -> StepResult:
+        """The backend's result of envs ``envs``, their episodes counted."""
+        result = self.venv.step_wait(envs)
+        first, count = envs
+        rows = slice(first, first + count)
+        self._count(result, self.stats.rows(first, count, view=True), {g: m[rows] for g, m in self.acting.items()})
+        # a new dict of new arrays: the old ones are the collector's agent masks too
+        self.acting = {g: m.copy() for g, m in self.acting.items()}
+        for g, m in self.acting.items():
+            m[rows] = result.next.agent_mask[g]
+        return result
+
+    @staticmethod
+    def _count(result: StepResult, stats: EpisodeStats, acting: dict) -> None:
+        """Count ``result``'s rewards in ``stats`` (the accumulators of its envs) and report the
+        episodes that ended in its infos."""
+        stats.add(acting, result.reward)
         if result.episode_end.any() or any(m.any() for m in result.agent_end.values()):
-            for e, info in enumerate(self.stats.ended(result.episode_end, result.agent_end)):
+            for e, info in enumerate(stats.ended(result.episode_end, result.agent_end)):
                 if info:
                     result.infos[e]["episode"] = {**info["episode"], **result.infos[e].get("episode", {})}
         if result.lost is not None:   # a cut episode is no episode: its return would be partial
             for e in np.flatnonzero(result.lost):
                 result.infos[e].pop("episode", None)
-        self.acting = result.next.agent_mask
-        return result
 
     # ------------------------------------------------------------------ workers that count
 

@@ -273,9 +273,11 @@ class SubprocVectorEnv(VectorEnv):
             self.close(grace=1.0)
             raise
 
-    def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None) -> None:
+    def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None, workers: range | None = None) -> None:
+        """``cmd`` to every worker, or to ``workers`` (with ``arg``, or ``per_worker[w]`` each)."""
         same = pickle.dumps((cmd, arg), pickle.HIGHEST_PROTOCOL) if per_worker is None else None
-        for w, conn in enumerate(self.conns):
+        for w in workers if workers is not None else range(len(self.conns)):
+            conn = self.conns[w]
             message = same if same is not None else pickle.dumps((cmd, per_worker[w]), pickle.HIGHEST_PROTOCOL)
             try:
                 conn.send_bytes(message)
@@ -290,12 +292,41 @@ class SubprocVectorEnv(VectorEnv):
         return self.arrays.observation("next")
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def splits(self, n: int) -> list[tuple[int, int]]:
+        """The envs in ``n`` parts of whole workers, as (first env, count): parts that
+        ``step_async`` steps while others wait (double-buffered collection)."""
+        if not 1 <= n <= len(self.conns):
+            raise ValueError(f"{n} parts of the envs of {len(self.conns)} env workers: each part needs a worker")
+        parts = np.array_split(np.arange(len(self.conns)), n)
+        return [(self.indices[ws[0]][0], sum(len(self.indices[w]) for w in ws)) for ws in parts]
+
+    def _workers_of(self, envs: tuple[int, int] | None) -> range:
+        if envs is None:
+            return range(len(self.conns))
+        first, count = envs
+        workers = [w for w, idx in enumerate(self.indices) if first <= idx[0] < first + count]
+        if not workers or self.indices[workers[0]][0] != first or self.indices[workers[-1]][-1] != first + count - 1:
+            raise ValueError(f"envs {first}-{first + count - 1} are not whole workers' envs (see splits())")
+        return range(workers[0], workers[-1] + 1)
+
+    def step_async(self, actions: dict[str, np.ndarray], envs: tuple[int, int] | None = None) -> None:
+        """Start stepping the envs ``envs`` = (first, count), whole workers' (all: None), with
+        ``actions`` ``[count, A_g, ...]``; ``step_wait(envs)`` returns their result. Other workers
+        may step meanwhile: each writes only its own envs' rows of the shared arrays."""
+        rows = slice(None) if envs is None else slice(envs[0], envs[0] + envs[1])
+        workers = self._workers_of(envs)
         for g, a in actions.items():
-            self.arrays.a[f"action.{g}"][...] = a
-        self._broadcast("step")
-        replies = self._gather(range(len(self.conns)), "stepping")   # per worker: its ended envs' stats
+            self.arrays.a[f"action.{g}"][rows] = a
+        self._broadcast("step", workers=workers)
+
+    def step_wait(self, envs: tuple[int, int] | None = None) -> StepResult:
+        """The result of the step ``step_async(..., envs)`` started, for those envs (indexed from 0)."""
+        replies = self._gather(self._workers_of(envs), "stepping")   # per worker: its ended envs' stats
         ended = {e: stats for reply in replies for e, stats in reply.items()}
-        return self._finish(self.arrays, ended)
+        return self._finish(self.arrays, ended, *(envs or (0, self.num_envs)))
 
     def render(self, index: int = 0):
         w = next(w for w, idx in enumerate(self.indices) if index in idx)
