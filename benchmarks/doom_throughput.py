@@ -15,8 +15,8 @@ yielding their core, or spinning). "marlkit" is ``make_env_vector`` on the packa
 config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
-the update), the same with ``runner.overlap=false`` and with the update in bfloat16
-(``agents.MAPPO.precision``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
+the update), the same with ``runner.overlap=false``, with the update in bfloat16
+(``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--rows``
 picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
 pass) on that device. ``--players`` with no count skips the bare-loop pairs. ``--set`` applies to
@@ -35,7 +35,7 @@ import numpy as np
 
 import harness
 
-TRAINING_ROWS = ["training", "training_no_overlap", "training_bfloat16", "training_spin"]
+TRAINING_ROWS = ["training", "training_no_overlap", "training_bfloat16", "training_double_buffer", "training_spin"]
 BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
 
 
@@ -202,6 +202,7 @@ def main() -> None:
             "training": (args.overrides, "random"),
             "training_no_overlap": ({**args.overrides, "runner.overlap": False}, "random"),
             "training_bfloat16": ({**args.overrides, "agents.MAPPO.precision": "bfloat16"}, "random"),
+            "training_double_buffer": ({**args.overrides, "runner.double_buffer": True}, "random"),
             "training_spin": (spin, "random_spin"),
             **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random")}
                if args.device else {})}

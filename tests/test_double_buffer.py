@@ -118,3 +118,18 @@ def test_double_buffering_with_the_workers_acting_is_refused_and_null_means_acti
                                                          "runner.act_in_workers": True, "runner.double_buffer": True})
     assert not RunnerConfig(vectorize="subprocess", double_buffer=True).acts_in_workers()
     assert RunnerConfig(vectorize="subprocess").acts_in_workers()
+
+
+@pytest.mark.exact
+def test_a_double_buffered_run_resumes_exactly_without_it_and_back(tiny):
+    """Saved double-buffered (the next rollout in flight), resumed stepping the envs as one, then
+    double-buffered again: the run ends where an uninterrupted double-buffered one does (acting on
+    a worker's 2 envs at a time, ``act_batch: 2``, wherever it is)."""
+    common = {**tiny, **WORKERS, "runner.parallels": 4, "runner.horizon": 25, "runner.save_interval": 300,
+              "runner.act_batch": 2, "runner.double_buffer": True}
+    full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 900})
+    half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 300})
+    marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.double_buffer": False})
+    resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 900, "runner.double_buffer": True})
+    assert resumed.steps == 900
+    assert_same_training(full, resumed)
