@@ -334,6 +334,11 @@ def test_jobs_fill_the_cores_and_memory_and_never_oversubscribe_them():
     # one core steps its envs in its own process, with the policy lag its env workers would give
     assert sizing.execution(runs[0]) == {"runner": {"torch_threads": 1, "vectorize": "sync", "overlap": True,
                                                     "act_in_workers": None}}
+    double = planned(GB // 4)
+    double.cfg.runner.double_buffer = True
+    assert sizing.execution(double)["runner"]["double_buffer"] is False
+    assert size_jobs([double], None, cores=16, available=64 * GB).execution(double)["runner"] == {
+        "torch_threads": 1, "workers": 16}
     unlagged = planned(GB // 4)
     unlagged.cfg.runner.overlap = False
     assert sizing.execution(unlagged)["runner"]["overlap"] is False

@@ -84,11 +84,11 @@ class Sizing:
             runner["update_threads"] = min(rc.update_threads, cpus)
         if rc.envs_in_processes():
             if self.cores == 1:
-                runner.update(vectorize="sync", overlap=rc.overlapped(), act_in_workers=None, double_buffer=False)
+                runner.update(vectorize="sync", overlap=rc.overlapped(), act_in_workers=None)
             else:
                 runner["workers"] = cpus
-                if cpus < 2:   # one worker: no two parts of the envs to step by turns
-                    runner["double_buffer"] = False
+            if rc.double_buffer and (self.cores == 1 or cpus < 2):   # no two env workers to step by turns
+                runner["double_buffer"] = False
         return {"runner": runner}
 
 
