@@ -158,9 +158,16 @@ class RunnerConfig:
                 f"runner.double_buffer: true steps two parts of the envs in env worker processes by turns, but "
                 f"runner.vectorize: {self.vectorize} with runner.parallels: {self.parallels}"
                 + (f" and runner.workers: {self.workers}" if self.workers is not None else "")
-                + " has " + ("one env worker" if self.envs_in_processes() else "none")
+                + (" steps them in Ray actors, whose steps this process does not split" if self.vectorize == "ray"
+                   else " has " + ("one env worker" if self.envs_in_processes() else "none"))
                 + "; set runner.vectorize: subprocess with runner.parallels and runner.workers 2 or more, "
                   "or runner.double_buffer: false")
+        if self.double_buffer and self.act_batch is not None and self.act_batch >= self.parallels:
+            raise ConfigError(
+                f"runner.double_buffer: true steps two parts of whole env workers by turns, but runner.act_batch: "
+                f"{self.act_batch} puts all runner.parallels: {self.parallels} envs in one block, which one worker "
+                f"holds; set runner.act_batch below runner.parallels (half of it, for parts of one block each), "
+                f"or runner.double_buffer: false")
         if self.double_buffer and self.act_in_workers:
             raise ConfigError("runner.double_buffer: true acts in this process while env workers step, but "
                               "runner.act_in_workers: true acts in the workers; set one of them false")

@@ -9,40 +9,72 @@ from conftest import assert_same_training
 from marlkit.config import ConfigError, RunnerConfig
 from marlkit.api import build_config
 from marlkit.envs.factory import make_env_vector
+from marlkit.envs.vector.subprocess import SubprocVectorEnv
 
 WORKERS = {"runner.vectorize": "subprocess", "runner.workers": 2, "runner.act_in_workers": False}
 GRU = {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 32}
 
 
-def _pair(agent, env, tiny, seed=3, **settings):
+@pytest.fixture
+def part_steps(monkeypatch):
+    """The ``envs`` of every ``SubprocVectorEnv.step_async`` of one part, as the runs make them."""
+    calls = []
+    step_async = SubprocVectorEnv.step_async
+
+    def spy(self, actions, envs=None):
+        if envs is not None:
+            calls.append(envs)
+        return step_async(self, actions, envs)
+    monkeypatch.setattr(SubprocVectorEnv, "step_async", spy)
+    return calls
+
+
+def _pair(agent, env, tiny, part_steps, seed=3, double_settings=None, **settings):
     """The same run, collected with the envs stepped as one (acting on blocks of ``act_batch``) and
-    double-buffered."""
+    double-buffered (with ``double_settings`` on top), which stepped its parts by turns."""
     common = {**tiny, **WORKERS, **settings}
     plain = marlkit.run(agent=agent, env=env, seed=seed, **common)
-    double = marlkit.run(agent=agent, env=env, seed=seed, **{**common, "runner.double_buffer": True})
+    assert not part_steps
+    double = marlkit.run(agent=agent, env=env, seed=seed,
+                         **{**common, "runner.double_buffer": True, **(double_settings or {})})
+    parts = sorted(set(part_steps))
+    assert len(parts) == 2 and parts[0][0] == 0 and parts[0][1] == parts[1][0]
+    # a step of each part per vector step (an overlapped run collects one rollout more)
+    assert len(part_steps) >= 2 * double.steps // sum(count for _, count in parts)
     return plain, double
 
 
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
 @pytest.mark.parametrize("overlap", [True, False])
-def test_double_buffered_collection_trains_as_acting_on_each_part_alone(tiny, agent, overlap):
+def test_double_buffered_collection_trains_as_acting_on_each_part_alone(tiny, part_steps, agent, overlap):
     """4 envs over 2 workers: a part is a worker's 2 envs, so ``act_batch: 2`` acts on the same
     batches without double buffering, and the runs are the same bit for bit."""
-    plain, double = _pair(agent, "mpe_spread", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
+    plain, double = _pair(agent, "mpe_spread", tiny, part_steps, **{"runner.parallels": 4, "runner.horizon": 25,
                                                         "runner.total_steps": 400, "runner.overlap": overlap,
                                                         "runner.act_batch": 2})
     assert plain.episode_returns and plain.steps == double.steps == 400
     assert_same_training(plain, double)
 
 
-def test_recurrent_agents_with_dying_agents_and_truncation_double_buffered(tiny, env_yaml):
+@pytest.mark.exact
+def test_double_buffered_without_act_batch_acts_on_each_part_in_one_pass(tiny, part_steps):
+    """The default ``act_batch: null`` acts on a whole part at once: the run acting on blocks of a
+    part's size without double buffering, bit for bit."""
+    plain, double = _pair("MAPPO", "mpe_spread", tiny, part_steps, double_settings={"runner.act_batch": None},
+                          **{"runner.parallels": 4, "runner.horizon": 25, "runner.total_steps": 300,
+                             "runner.act_batch": 2})
+    assert plain.episode_returns
+    assert_same_training(plain, double)
+
+
+def test_recurrent_agents_with_dying_agents_and_truncation_double_buffered(tiny, env_yaml, part_steps):
     """A GRU actor and critic on the scripted env (agents die and appear mid-episode, episodes are
     cut by a time limit), 5 envs over 2 workers (parts of 3 and 2 envs), every env acted on alone
     (``act_batch: 1``): hidden states, masks, truncation finals and the episodes' order come out of
     the two parts as one collect makes them."""
     path = env_yaml("toy_envs:scripted", {"length": 7}, env={"max_episode_steps": 5})
-    plain, double = _pair("MAPPO", path, tiny, **{
+    plain, double = _pair("MAPPO", path, tiny, part_steps, **{
         "runner.parallels": 5, "runner.horizon": 10, "runner.total_steps": 100, "agents.MAPPO.actor": GRU,
         "agents.MAPPO.critic": GRU, "agents.MAPPO.chunk_length": 5, "agents.MAPPO.critic_input": "state",
         "runner.act_batch": 1})
@@ -52,9 +84,9 @@ def test_recurrent_agents_with_dying_agents_and_truncation_double_buffered(tiny,
 
 
 @pytest.mark.exact
-def test_a_group_that_does_not_learn_is_double_buffered_too(tiny):
+def test_a_group_that_does_not_learn_is_double_buffered_too(tiny, part_steps):
     """mpe_tag with a random policy for the fleeing agent: both groups act on each part."""
-    plain, double = _pair("MAPPO", "mpe_tag", tiny, **{"runner.parallels": 4, "runner.horizon": 25,
+    plain, double = _pair("MAPPO", "mpe_tag", tiny, part_steps, **{"runner.parallels": 4, "runner.horizon": 25,
                                                        "runner.total_steps": 300, "groups.agent.agent": "random",
                                                        "runner.act_batch": 2})
     assert_same_training(plain, double, group="adversary")
@@ -90,6 +122,15 @@ def test_a_part_steps_alone_and_writes_only_its_own_rows():
         np.testing.assert_array_equal(other.next.obs["agents"], whole.next.obs["agents"][2:])
         np.testing.assert_array_equal(first.next.obs["agents"], whole.next.obs["agents"][:2])
         np.testing.assert_array_equal(venv.stats.length, [2, 2, 1, 1])
+        with pytest.raises(RuntimeError, match=r"step_wait of envs \(2, 2\), which step_async did not start"):
+            venv.step_wait((2, 2))
+        venv.step_async(actions, (0, 2))
+        with pytest.raises(RuntimeError, match=r"step_async of envs \(0, 2\) while their step is in flight"):
+            venv.step_async(actions, (0, 2))
+        with pytest.raises(RuntimeError, match=r"'get_state' while the workers \[0\] have a step in flight"):
+            venv.env_states()
+        venv.step_wait((0, 2))
+        assert len(venv.env_states()) == 4
         with pytest.raises(ValueError, match=r"envs 1-2 are not whole workers' envs"):
             venv.step_async({"agents": np.zeros((2, 3), int)}, (1, 2))
         with pytest.raises(ValueError, match=r"3 parts of the envs of 2 env workers"):
@@ -110,6 +151,48 @@ def test_double_buffering_without_two_env_workers_is_refused_naming_the_fix(tiny
                          r"or runner.double_buffer: false"):
         marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.parallels": 4, **settings,
                                                          "runner.double_buffer": True})
+
+
+def test_double_buffering_with_one_act_batch_block_is_refused_naming_the_fix(tiny):
+    """Env workers hold whole blocks of ``act_batch`` envs: one block is one worker."""
+    with pytest.raises(ConfigError, match=r"runner.act_batch: 4 puts all runner.parallels: 4 envs in one block.*"
+                                          r"set runner.act_batch below runner.parallels"):
+        marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, **WORKERS, "runner.parallels": 4,
+                                                         "runner.act_batch": 4, "runner.double_buffer": True})
+
+
+def test_a_parts_columns_are_views_of_the_rollout_and_hand_over_finals_and_extras():
+    """Each part fills its columns of the collect's rollout in place; finals (env indices of the
+    whole rollout, in (step, env) order) and the extras a part made come over on adoption."""
+    from marlkit.storage import Rollout
+    from marlkit.storage.layout import Transition
+    rollout = Rollout(horizon=2, num_envs=3, n_agents=1, obs_shape=(2,), obs_dtype=np.float32, state_shape=(1,),
+                      action_shape=(), action_dtype=np.int64, n_actions=2)
+    parts = [rollout.columns(0, 2), rollout.columns(2, 1)]
+    for t in range(2):
+        for part, first in zip(parts, (0, 2)):
+            n = part.num_envs
+            cut = np.zeros((n, 1), bool)
+            cut[-1] = t == 0   # the part's last env is cut by a time limit at step 0
+            part.add(Transition(np.full((n, 1, 2), 10 * t + first, np.float32), np.zeros((n, 1)), np.ones((n, 1), bool),
+                                np.ones((n, 1, 2), bool), np.zeros((n, 1), np.int64), np.zeros((n, 1), np.float32),
+                                np.zeros((n, 1), np.float32), np.ones((n, 1), np.float32), np.zeros((n, 1), bool),
+                                cut, cut[:, 0], np.full((n, 1, 2), -first, np.float32), np.zeros((n, 1)), None, None,
+                                {"aux": np.full((n, 1), first, np.float32)}))
+    assert rollout.step == 0 and np.shares_memory(parts[1].obs, rollout.obs)
+    rollout.adopt_columns(parts)
+    assert rollout.full
+    np.testing.assert_array_equal(rollout.obs[:, :, 0, 0], [[0, 0, 2], [10, 10, 12]])
+    np.testing.assert_array_equal(rollout.extras["aux"][0, :, 0], [0, 0, 2])
+    assert [(t, e) for t, e, *_ in rollout.finals] == [(0, 1), (0, 2)]
+    assert rollout.finals[1][2][0, 0] == -2
+    with pytest.raises(ValueError, match=r"2 columns of \[2, 1\] envs and \[2, 0\] steps"):
+        rollout.adopt_columns([_full(rollout.columns(0, 2)), rollout.columns(2, 1)])
+
+
+def _full(rollout):
+    rollout.step = rollout.horizon
+    return rollout
 
 
 def test_double_buffering_with_the_workers_acting_is_refused_and_null_means_acting_here(tiny):

@@ -12,6 +12,7 @@ a run collects exactly what acting on blocks of a part's size collects without d
 """
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -52,10 +53,9 @@ class DoubleBufferedCollector(Collector):
             raise ConfigError("runner.double_buffer: true needs env worker processes (runner.vectorize: subprocess)")
         try:
             self.splits = venv.splits(2)
-        except ValueError as exc:
-            raise ConfigError(f"runner.double_buffer: true: {exc}; set runner.workers: 2 or more, or "
-                              "runner.double_buffer: false") from None
-        self.part_rollouts = [{g: self.storages[g].new_rollout(count) for g in learners} for _, count in self.splits]
+        except ValueError as exc:   # one worker: runner.workers null on a 1-CPU machine
+            raise ConfigError(f"runner.double_buffer: true: {exc} ({os.cpu_count()} CPUs); set runner.workers: 2 "
+                              "or more, or runner.double_buffer: false") from None
 
     def _act(self, part: _Part, progress: Progress | None) -> None:
         """Act on ``part``'s observation and start stepping its envs with the actions."""
@@ -66,12 +66,12 @@ class DoubleBufferedCollector(Collector):
         self.venv.step_async({g: out.actions for g, out in part.outs.items()}, part.envs)
 
     def collect(self, state, progress: Progress | None = None) -> dict[str, Collected]:
+        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
         parts = []
-        for (first, count), rollouts in zip(self.splits, self.part_rollouts):
-            for rollout in rollouts.values():
-                rollout.reset()
+        for first, count in self.splits:
             hidden = {g: h[first:first + count] if h is not None else None for g, h in state.hidden.items()}
-            parts.append(_Part(first, count, state.obs.rows(first, count), hidden, rollouts))
+            parts.append(_Part(first, count, state.obs.rows(first, count), hidden,
+                               {g: rollout.columns(first, count) for g, rollout in rollouts.items()}))
         for part in parts:
             self._act(part, progress)
         for t in range(self.horizon):
@@ -81,9 +81,8 @@ class DoubleBufferedCollector(Collector):
                                                     part.finished)
                 if t + 1 < self.horizon:
                     self._act(part, progress)
-        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
-        for g in self.learners:
-            rollouts[g].fill_from([part.rollouts[g] for part in parts])
+        for g, rollout in rollouts.items():
+            rollout.adopt_columns([part.rollouts[g] for part in parts])
         state.obs = Observation.join([part.obs for part in parts])
         state.hidden = {g: None if h is None else np.concatenate([part.hidden[g] for part in parts])
                         for g, h in state.hidden.items()}

@@ -74,17 +74,44 @@ class Rollout:
         for name, value in vars(self).items():
             if isinstance(value, np.ndarray):
                 np.concatenate([getattr(p, name) for p in parts], axis=1, out=value)
+        self._join_extras_and_finals(parts)
+        self.has_values = all(p.has_values for p in parts)
+        self.step = self.horizon
+
+    def columns(self, first: int, count: int) -> "Rollout":
+        """An empty rollout of envs ``first .. first + count - 1`` of this one, its arrays views of
+        this one's (one part of double-buffered collection): filling it fills this rollout's
+        columns, and ``adopt_columns`` then takes over its finals and extras."""
+        part = slice(first, first + count)
+        twin = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                setattr(twin, name, value[:, part])
+        twin.extras = {k: v[:, part] for k, v in self.extras.items()}
+        twin.num_envs = count
+        twin.reset()
+        return twin
+
+    def adopt_columns(self, parts: list["Rollout"]) -> None:
+        """Hold what ``parts``, full ``columns`` of consecutive blocks of this rollout's envs in env
+        order, were filled with: their arrays are this rollout's already; their finals and the
+        extras a part made on its first step (this rollout had none yet) come over here."""
+        if sum(p.num_envs for p in parts) != self.num_envs or not all(p.full for p in parts):
+            raise ValueError(f"{len(parts)} columns of {[p.num_envs for p in parts]} envs and "
+                             f"{[p.step for p in parts]} steps do not fill a rollout of {self.num_envs} envs")
+        self._join_extras_and_finals(parts)
+        self.has_values = all(p.has_values for p in parts)
+        self.step = self.horizon
+
+    def _join_extras_and_finals(self, parts: list["Rollout"]) -> None:
+        offsets = np.cumsum([0] + [p.num_envs for p in parts])
         for key, first in parts[0].extras.items():
             if key not in self.extras:
                 self.extras[key] = np.zeros((self.horizon, self.num_envs) + first.shape[2:], first.dtype)
-            np.concatenate([p.extras[key] for p in parts], axis=1, out=self.extras[key])
-        self.finals, offset = [], 0
-        for p in parts:
-            self.finals += [(t, e + offset, *rest) for t, e, *rest in p.finals]
-            offset += p.num_envs
+            for p, offset in zip(parts, offsets):
+                self.extras[key][:, offset:offset + p.num_envs] = p.extras[key]
+        self.finals = [(t, e + offset, *rest) for p, offset in zip(parts, offsets) for t, e, *rest in p.finals]
         self.finals.sort(key=lambda final: final[:2])   # in the order one buffer would have stored them
-        self.has_values = all(p.has_values for p in parts)
-        self.step = self.horizon
 
     @property
     def full(self) -> bool:

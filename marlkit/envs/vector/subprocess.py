@@ -189,6 +189,7 @@ class SubprocVectorEnv(VectorEnv):
         self.timeout, self.start_timeout = timeout, start_timeout
         self.closed = False
         self.arrays = None
+        self.in_flight: set[int] = set()   # workers stepping since a step_async, not yet waited for
         shares = np.array_split(np.arange(len(blocks)), num_workers)   # each worker's blocks
         self.indices = [[env for b in share for env in blocks[b]] for share in shares]
         ctx = mp.get_context(start_method)
@@ -275,6 +276,9 @@ class SubprocVectorEnv(VectorEnv):
 
     def _broadcast(self, cmd: str, arg=None, per_worker: list | None = None, workers: range | None = None) -> None:
         """``cmd`` to every worker, or to ``workers`` (with ``arg``, or ``per_worker[w]`` each)."""
+        if self.in_flight and cmd != "step":
+            raise RuntimeError(f"{cmd!r} while the workers {sorted(self.in_flight)} have a step in flight: "
+                               "step_wait for it first")
         same = pickle.dumps((cmd, arg), pickle.HIGHEST_PROTOCOL) if per_worker is None else None
         for w in workers if workers is not None else range(len(self.conns)):
             conn = self.conns[w]
@@ -318,13 +322,20 @@ class SubprocVectorEnv(VectorEnv):
         may step meanwhile: each writes only its own envs' rows of the shared arrays."""
         rows = slice(None) if envs is None else slice(envs[0], envs[0] + envs[1])
         workers = self._workers_of(envs)
+        if self.in_flight.intersection(workers):
+            raise RuntimeError(f"step_async of envs {envs} while their step is in flight: step_wait for it first")
         for g, a in actions.items():
             self.arrays.a[f"action.{g}"][rows] = a
         self._broadcast("step", workers=workers)
+        self.in_flight.update(workers)
 
     def step_wait(self, envs: tuple[int, int] | None = None) -> StepResult:
         """The result of the step ``step_async(..., envs)`` started, for those envs (indexed from 0)."""
-        replies = self._gather(self._workers_of(envs), "stepping")   # per worker: its ended envs' stats
+        workers = self._workers_of(envs)
+        if not self.in_flight.issuperset(workers):
+            raise RuntimeError(f"step_wait of envs {envs}, which step_async did not start")
+        self.in_flight.difference_update(workers)
+        replies = self._gather(workers, "stepping")   # per worker: its ended envs' stats
         ended = {e: stats for reply in replies for e, stats in reply.items()}
         return self._finish(self.arrays, ended, *(envs or (0, self.num_envs)))
 
