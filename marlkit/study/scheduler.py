@@ -77,7 +77,9 @@ class Sizing:
         """Settings of the run's process so that jobs x workers stays within the cores. A run with
         one core steps its envs in its own process, as its one env worker would and with the same
         policy lag (``runner.overlap``): the same training, bit for bit, without a second process
-        to feed and copy observations to, which on one core only costs time."""
+        to feed and copy observations to, which on one core only costs time. A double-buffered run
+        (two workers or more) is then collected as one: the same bits where ``runner.act_batch`` is
+        the size of its parts."""
         rc, cpus = run.cfg.runner, self.cpus(run)
         runner = {"torch_threads": min(rc.torch_threads or cpus, cpus)}
         if rc.update_threads:
