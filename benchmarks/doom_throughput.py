@@ -19,7 +19,7 @@ the update), the same with ``runner.overlap=false``, with the update in bfloat16
 (``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--rows``
 picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
-pass) on that device. ``--players`` with no count skips the bare-loop pairs. ``--set`` applies to
+pass) on that device, and with ``training_double_buffer`` among the rows one double-buffered there too. ``--players`` with no count skips the bare-loop pairs. ``--set`` applies to
 both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
@@ -204,9 +204,13 @@ def main() -> None:
             "training_bfloat16": ({**args.overrides, "agents.MAPPO.precision": "bfloat16"}, "random"),
             "training_double_buffer": ({**args.overrides, "runner.double_buffer": True}, "random"),
             "training_spin": (spin, "random_spin"),
-            **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random")}
+            **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random"),
+                f"training_{args.device}_double_buffer": (
+                    {**args.overrides, "device": args.device, "runner.double_buffer": True}, "random")}
                if args.device else {})}
-        trainings = {k: v for k, v in trainings.items() if k in args.rows or k == f"training_{args.device}"}
+        device_rows = {f"training_{args.device}"} | (
+            {f"training_{args.device}_double_buffer"} if "training_double_buffer" in args.rows else set())
+        trainings = {k: v for k, v in trainings.items() if k in args.rows or k in device_rows}
         sides = {name: (lambda o=o: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, o))
                  for name, (o, _) in trainings.items()}
         sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
