@@ -186,7 +186,7 @@ def test_a_parts_columns_are_views_of_the_rollout_and_hand_over_finals_and_extra
     np.testing.assert_array_equal(rollout.extras["aux"][0, :, 0], [0, 0, 2])
     assert [(t, e) for t, e, *_ in rollout.finals] == [(0, 1), (0, 2)]
     assert rollout.finals[1][2][0, 0] == -2
-    with pytest.raises(ValueError, match=r"2 columns of \[2, 1\] envs and \[2, 0\] steps"):
+    with pytest.raises(ValueError, match=r"2 columns of \[2, 1\] envs and \[2, 0\] steps do not make one of 3"):
         rollout.adopt_columns([_full(rollout.columns(0, 2)), rollout.columns(2, 1)])
 
 

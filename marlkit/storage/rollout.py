@@ -68,15 +68,11 @@ class Rollout:
     def fill_from(self, parts: list["Rollout"]) -> None:
         """Hold the full rollouts of ``parts``, those of consecutive blocks of this rollout's envs in
         env order (what the env workers collected), written into this rollout's arrays."""
-        if sum(p.num_envs for p in parts) != self.num_envs or not all(p.full for p in parts):
-            raise ValueError(f"{len(parts)} partial rollouts of {[p.num_envs for p in parts]} envs and "
-                             f"{[p.step for p in parts]} steps do not make one of {self.num_envs} envs")
+        self._check_parts(parts, "partial rollouts")
         for name, value in vars(self).items():
             if isinstance(value, np.ndarray):
                 np.concatenate([getattr(p, name) for p in parts], axis=1, out=value)
-        self._join_extras_and_finals(parts)
-        self.has_values = all(p.has_values for p in parts)
-        self.step = self.horizon
+        self._adopt(parts)
 
     def columns(self, first: int, count: int) -> "Rollout":
         """An empty rollout of envs ``first .. first + count - 1`` of this one, its arrays views of
@@ -96,18 +92,22 @@ class Rollout:
         """Hold what ``parts``, full ``columns`` of consecutive blocks of this rollout's envs in env
         order, were filled with: their arrays are this rollout's already; their finals and the
         extras a part made on its first step (this rollout had none yet) come over here."""
+        self._check_parts(parts, "columns")
+        self._adopt(parts)
+
+    def _check_parts(self, parts: list["Rollout"], what: str) -> None:
         if sum(p.num_envs for p in parts) != self.num_envs or not all(p.full for p in parts):
-            raise ValueError(f"{len(parts)} columns of {[p.num_envs for p in parts]} envs and "
-                             f"{[p.step for p in parts]} steps do not fill a rollout of {self.num_envs} envs")
-        self._join_extras_and_finals(parts)
+            raise ValueError(f"{len(parts)} {what} of {[p.num_envs for p in parts]} envs and "
+                             f"{[p.step for p in parts]} steps do not make one of {self.num_envs} envs")
+
+    def _adopt(self, parts: list["Rollout"]) -> None:
+        """The finals, extras and flags of ``parts`` (consecutive blocks of envs) as this rollout's."""
         self.has_values = all(p.has_values for p in parts)
         self.step = self.horizon
-
-    def _join_extras_and_finals(self, parts: list["Rollout"]) -> None:
         offsets = np.cumsum([0] + [p.num_envs for p in parts])
-        for key, first in parts[0].extras.items():
+        for key, some in parts[0].extras.items():
             if key not in self.extras:
-                self.extras[key] = np.zeros((self.horizon, self.num_envs) + first.shape[2:], first.dtype)
+                self.extras[key] = np.zeros((self.horizon, self.num_envs) + some.shape[2:], some.dtype)
             for p, offset in zip(parts, offsets):
                 self.extras[key][:, offset:offset + p.num_envs] = p.extras[key]
         self.finals = [(t, e + offset, *rest) for p, offset in zip(parts, offsets) for t, e, *rest in p.finals]
