@@ -204,7 +204,7 @@ def test_double_buffering_with_the_workers_acting_is_refused_and_null_means_acti
 
 
 @pytest.mark.exact
-def test_a_double_buffered_run_resumes_exactly_without_it_and_back(tiny):
+def test_a_double_buffered_run_resumes_exactly_without_it_and_back(tiny, part_steps):
     """Saved double-buffered (the next rollout in flight), resumed stepping the envs as one, then
     double-buffered again: the run ends where an uninterrupted double-buffered one does (acting on
     a worker's 2 envs at a time, ``act_batch: 2``, wherever it is)."""
@@ -212,7 +212,10 @@ def test_a_double_buffered_run_resumes_exactly_without_it_and_back(tiny):
               "runner.act_batch": 2, "runner.double_buffer": True}
     full = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 900})
     half = marlkit.run(agent="MAPPO", env="mpe_spread", seed=4, **{**common, "runner.total_steps": 300})
+    part_steps.clear()
     marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 600, "runner.double_buffer": False})
+    assert not part_steps
     resumed = marlkit.run(resume=str(half.run_dir), **{"runner.total_steps": 900, "runner.double_buffer": True})
+    assert sorted(set(part_steps)) == [(0, 2), (2, 2)]
     assert resumed.steps == 900
     assert_same_training(full, resumed)
