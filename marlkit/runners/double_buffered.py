@@ -4,7 +4,9 @@ Collection steps the envs, then acts on what they show, then steps them again: w
 act, the env workers wait, and while the envs step, the policies do. Here the envs are split in
 two parts of whole env workers, which take turns: while one part steps, the policies act on the
 other's observation. This is sample-factory's double-buffered sampling; it pays where acting
-takes a good share of an env step's time (a CNN over game screens, doom_coop).
+takes a good share of an env step's time and has a processor of its own (a GPU, or cores the envs
+leave idle): on 2 CPU cores, where acting and doom_coop's engines share them, it measured no gain
+(docs/benchmarks.md).
 
 Each part is acted on alone, in its own batch, with its envs' random streams (``acting_on``), so
 a run collects exactly what acting on blocks of a part's size collects without double buffering
