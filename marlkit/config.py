@@ -119,8 +119,8 @@ class RunnerConfig:
     # double-buffered collection: the envs in two parts of whole env workers that take turns, one
     # stepping while the policies act (here) on the other, so that acting leaves the envs' critical
     # path; for acting with a processor of its own (a GPU; on 2 CPU cores doom_coop gained nothing,
-    # docs/benchmarks.md). Needs env
-    # worker processes and two workers or more; the workers then do not act (act_in_workers null)
+    # docs/benchmarks.md). Needs env worker processes and two workers or more; the workers then do
+    # not act (act_in_workers null)
     double_buffer: bool = False
 
     def settle_update_bound(self) -> None:
