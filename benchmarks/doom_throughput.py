@@ -4,7 +4,7 @@ vector env. Each pair alternates within one process, so both sides see the same 
 
     python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
                                          [--train-steps 4096] [--rows training ...] [--device cuda]
-                                         [--set KEY=VALUE ...] [--compare KEY=VALUE ...] [--tag NAME]
+                                         [--set KEY=VALUE ...] [--compare NAME KEY=VALUE ...] [--tag NAME]
 
 A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
 wrapper must do: one process per player holding a DoomGame on deathmatch.cfg (player 0 hosting,
@@ -20,10 +20,10 @@ the update), the same with ``runner.overlap=false``, with the update in bfloat16
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--rows``
 picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
 pass) on that device, and with ``training_double_buffer`` among the rows one double-buffered there
-too. ``--compare KEY=VALUE ...`` adds a row ``training_compare``: doom_coop's training with these
-overrides on top of ``--set`` (another config measured beside the defaults, e.g. the previous
-ones). ``--players`` with no count skips the bare-loop pairs. ``--set`` applies to both configs.
-Writes benchmarks/results/doom_throughput[_NAME].json.
+too. ``--compare NAME KEY=VALUE ...`` (repeatable) adds a row ``training_NAME``: doom_coop's
+training with these overrides on top of ``--set``, another config measured beside the defaults
+(e.g. the previous defaults). ``--players`` with no count skips the bare-loop pairs. ``--set``
+applies to both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
 """
 from __future__ import annotations
 
@@ -171,9 +171,14 @@ def main() -> None:
                    help="the training rows to measure (each beside random stepping)")
     p.add_argument("--device", default=None,
                    help="also train with the update on this device (cuda), beside the rows on the config's")
-    p.add_argument("--compare", nargs="+", default=None, metavar="KEY=VALUE",
-                   help="add the row training_compare: training with these overrides on top of --set")
+    p.add_argument("--compare", nargs="+", action="append", default=[], metavar="NAME KEY=VALUE",
+                   help="add the row training_NAME: training with these overrides on top of --set")
     args = harness.parse_args(p)
+    compared = {f"training_{name}": overrides for name, *overrides in args.compare}
+    if (len(compared) != len(args.compare) or set(compared) & set(TRAINING_ROWS)
+            or any("=" in name or not overrides for name, overrides in compared.items())):
+        p.error("--compare takes a row name of its own (not one of --rows', nor twice), then its KEY=VALUE "
+                "overrides, e.g. --compare narrow agents.MAPPO.actor.kwargs.channels=[8,16,16]")
 
     from marlkit.api import build_config
     from marlkit.config import deep_merge, parse_set
@@ -214,12 +219,12 @@ def main() -> None:
                 f"training_{args.device}_double_buffer": (
                     {**args.overrides, "device": args.device, "runner.double_buffer": True}, "random")}
                if args.device else {}),
-            **({"training_compare": (deep_merge(args.overrides, parse_set(args.compare)), "random")}
-               if args.compare else {})}
+            **{name: (deep_merge(args.overrides, parse_set(overrides)), "random")
+               for name, overrides in compared.items()}}
         device_rows = {f"training_{args.device}"} | (
             {f"training_{args.device}_double_buffer"} if "training_double_buffer" in args.rows else set())
         trainings = {k: v for k, v in trainings.items()
-                     if k in args.rows or k in device_rows or k == "training_compare"}
+                     if k in args.rows or k in device_rows or k in compared}
         sides = {name: (lambda o=o: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, o))
                  for name, (o, _) in trainings.items()}
         sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
