@@ -1,5 +1,6 @@
 """The ViZDoom co-op env: real engines in real lockstep games over loopback, at the smallest
 resolution and with episodes of a few dozen tics."""
+import glob
 import logging
 import os
 import signal
@@ -418,6 +419,7 @@ def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
     """Where matches share the machine's network (the system allows them no namespace of their
     own), the host engine crashes when its port is taken; the match starts again on another port."""
     monkeypatch.setattr(match_module, "_shared_because", "no network namespaces here")
+    before = set(glob.glob("/dev/shm/ViZDoom*"))
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as taken:
         taken.bind(("0.0.0.0", 0))
         busy = taken.getsockname()[1]
@@ -433,6 +435,8 @@ def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
             env.step({a: 0 for a in env.agents})
         finally:
             env.close()
+    # the failed start's engines were killed: their shared memory went with the match's folder
+    assert set(glob.glob("/dev/shm/ViZDoom*")) - before == set()
 
 
 def test_engine_files_never_land_in_the_current_directory(tmp_path, monkeypatch):

@@ -1,7 +1,8 @@
 """No game process outlives a Doom run, checked by PID: every descendant of a real training process
 (vector workers, player workers, engines) is recorded while it runs and must be gone after a normal
 end, Ctrl+C, an exception in training, a player worker killed, or the training process killed, with
-both ``runner.vectorize`` settings. ``--test --render`` writes one side-by-side video per episode."""
+both ``runner.vectorize`` settings; and so must every engine's shared memory files in /dev/shm.
+``--test --render`` writes one side-by-side video per episode."""
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import imageio.v2 as imageio
 import numpy as np
 import pytest
 
+from marlkit.envs.doom.keeper import SHARED_MEMORY
 from marlkit.runners.checkpoint import read_steps
 
 from test_doom import alive, gone_within, no_work_folder_left  # noqa: F401  (autouse: no work folder left)
@@ -54,6 +56,16 @@ def is_engine(pid: int) -> bool:
         return False
 
 
+def instance_of(engine: int) -> str | None:
+    """The engine's ``+viz_instance_id``: its shared memory files are named after it."""
+    try:
+        with open(f"/proc/{engine}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return None
+    return args[args.index(b"+viz_instance_id") + 1].decode() if b"+viz_instance_id" in args[:-1] else None
+
+
 class Watched:
     """A training process and every process it ever started, sampled every 50 ms."""
 
@@ -66,11 +78,14 @@ class Watched:
                                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=session)
         self.seen: set[int] = set()
         self.engines: set[int] = set()
+        self.instances: set[str] = set()
 
     def sample(self) -> None:
         found = descendants(self.proc.pid)
         self.seen |= found
-        self.engines |= {p for p in found if is_engine(p)}
+        new = {p for p in found if is_engine(p)} - self.engines
+        self.engines |= new
+        self.instances |= {i for i in map(instance_of, new) if i is not None}
 
     def until(self, condition, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -102,6 +117,12 @@ class Watched:
         assert len(self.engines) >= ENVS * PLAYERS, f"saw engines {self.engines} of processes {self.seen}"
         left = [p for p in self.seen if alive(p)]
         assert gone_within(left, seconds), f"left running: {[p for p in left if alive(p)]}"
+        assert len(self.instances) == len(self.engines), (self.instances, self.engines)
+        files = [f"/dev/shm/{prefix}{i}" for i in self.instances for prefix in SHARED_MEMORY]
+        deadline = time.monotonic() + seconds   # a keeper releases them as its owner's death reaches it
+        while any(map(os.path.exists, files)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [f for f in files if os.path.exists(f)], "shared memory left in /dev/shm"
 
 
 @pytest.fixture

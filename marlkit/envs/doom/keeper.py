@@ -12,6 +12,12 @@ own (which maps its own user only), where the system allows user namespaces.
 Work folder. The owner removes the folder when it closes the match; when the owner dies without
 closing (SIGKILL included) the keeper's stdin closes, and the keeper removes the folder.
 
+Shared memory. Each engine and its controller talk through three files in ``/dev/shm`` named after
+the engine's ``+viz_instance_id``; ViZDoom's controller removes them when it closes its game, but
+not when its process is killed (a failed match, its owner killed), and ``/dev/shm`` keeps them
+until the machine restarts. The launcher writes the engine's instance id into its player's
+folder, and whoever removes the work folder releases those files first (``release``).
+
 Run as a script, ``python -I -S keeper.py``, so that it imports the standard library alone: a
 process that makes or joins a user namespace must have a single thread, and importing numpy
 starts a second one.
@@ -20,8 +26,10 @@ starts a second one.
         Reports one line on stdout, ``<pid> isolated <inode of the namespace>`` or ``<pid> shared
         <why>``, then waits for stdin to close and removes ``work_dir`` if it is still there.
     enter <keeper pid> <namespace inode> <engine> [arguments]
-        Joins the keeper's namespace and executes the engine: a player's game starts its engine
-        through this (``DoomGame.set_vizdoom_path``).
+        Joins the keeper's namespace (none where both are ``-``: the match shares the machine's
+        network), writes the engine's instance id into the current folder (its player's) and
+        executes the engine: a player's game starts its engine through this
+        (``DoomGame.set_vizdoom_path``).
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ import time
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+INSTANCE_FILE = "engine_instance"   # in a player's folder: its engine's +viz_instance_id
+SHARED_MEMORY = ("ViZDoomSM", "ViZDoomMQCtr", "ViZDoomMQDoom")   # each + the instance id, in /dev/shm
 
 
 def _libc():
@@ -71,6 +81,27 @@ def _isolate() -> int:
     return os.stat("/proc/self/ns/net").st_ino
 
 
+def release(work_dir: str) -> None:
+    """Unlink the shared memory files of the engines started in ``work_dir`` (their processes may
+    still be running: the files go when the last of them lets go)."""
+    try:
+        players = os.listdir(work_dir)
+    except OSError:
+        return
+    for player in players:
+        try:
+            with open(os.path.join(work_dir, player, INSTANCE_FILE)) as f:
+                instance = f.read().strip()
+        except OSError:
+            continue
+        if instance.isalnum():
+            for prefix in SHARED_MEMORY:
+                try:
+                    os.unlink(f"/dev/shm/{prefix}{instance}")
+                except OSError:
+                    pass
+
+
 def _remove(work_dir: str) -> None:
     # the players' watchdogs stop the engines within a fraction of a second of the owner's death;
     # a file one of them writes meanwhile would keep the folder, so it is tried again
@@ -92,10 +123,11 @@ def keep(work_dir: str, isolate: bool) -> None:
     sys.stdout.flush()
     while sys.stdin.buffer.read(4096):
         pass
+    release(work_dir)
     _remove(work_dir)
 
 
-def enter(keeper: int, inode: int, argv: list[str]) -> None:
+def _join(keeper: int, inode: int) -> None:
     user = os.open(f"/proc/{keeper}/ns/user", os.O_RDONLY)
     net = os.open(f"/proc/{keeper}/ns/net", os.O_RDONLY)
     if os.fstat(net).st_ino != inode:   # the keeper is gone and its pid reused
@@ -106,12 +138,21 @@ def enter(keeper: int, inode: int, argv: list[str]) -> None:
     _check(libc.setns(net, CLONE_NEWNET), "setns (network namespace)")
     os.close(user)
     os.close(net)
+
+
+def enter(network: tuple[int, int] | None, argv: list[str]) -> None:
+    if network is not None:
+        _join(*network)
+    if "+viz_instance_id" in argv[:-1]:   # the engine starts in its player's folder
+        _write(INSTANCE_FILE, argv[argv.index("+viz_instance_id") + 1])
     os.execv(argv[0], argv)
 
 
-def launcher(path: str, keeper: int, inode: int, engine: str) -> str:
-    """Write an executable at ``path`` that starts ``engine`` in the keeper's namespace."""
+def launcher(path: str, network: tuple[int, int] | None, engine: str) -> str:
+    """Write an executable at ``path`` that starts ``engine`` in the namespace of ``network`` (the
+    keeper's pid and namespace inode; None: the machine's network)."""
     import shlex
+    keeper, inode = network or ("-", "-")
     words = [sys.executable, "-I", "-S", os.path.abspath(__file__), "enter", str(keeper), str(inode), engine]
     _write(path, "#!/bin/sh\nexec " + " ".join(shlex.quote(w) for w in words) + ' "$@"\n')
     os.chmod(path, 0o700)
@@ -123,7 +164,7 @@ if __name__ == "__main__":
         keep(sys.argv[2], sys.argv[3] == "isolate")
     else:
         try:
-            enter(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:])
+            enter(None if sys.argv[2] == "-" else (int(sys.argv[2]), int(sys.argv[3])), sys.argv[4:])
         except OSError as exc:
             sys.stderr.write(f"marlkit: the engine cannot join its match's network namespace: {exc}\n")
             sys.exit(1)

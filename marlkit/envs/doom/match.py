@@ -104,6 +104,7 @@ def sweep_work_folders() -> None:
         except OSError:
             continue
         if stale:
+            keeper.release(entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
@@ -253,6 +254,7 @@ class DoomMatch:
         self.procs, self.conns, self.pgids = [], [], []
         self.current_port = None
         if self.work_dir is not None:
+            keeper.release(self.work_dir)
             shutil.rmtree(self.work_dir, ignore_errors=True)
             self.work_dir = None
         self._stop_keeper()

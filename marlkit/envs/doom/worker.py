@@ -17,8 +17,9 @@ Lockstep: in a network game every engine needs every peer's input for each tic, 
 dozen steps, 1 or 2 tics ran thousands cleanly). A step of ``k`` tics is therefore played in chunks
 of at most 2 tics, with a barrier shared by the players of one match between chunks.
 
-Where the match has a network of its own (``keeper.py``), the engine starts through a launcher
-that puts it there, so that its UDP socket is reachable from the match's players alone.
+The engine starts through a launcher (``keeper.py``) that records its instance id, whose shared
+memory files are released with the match's folder, and where the match has a network of its own,
+puts it there, so that its UDP socket is reachable from the match's players alone.
 
 This module imports neither torch nor marlkit beyond its sentinel, kill credit and keeper (a spawned
 worker still imports the ``marlkit.envs`` package on the way here, but not torch or the agents).
@@ -105,10 +106,9 @@ def build_game(s: PlayerSettings):
     if s.skill is not None:
         game.set_doom_skill(s.skill)
     game.set_doom_config_path(os.path.join(player_dir(s.work_dir, s.player), "_vizdoom.ini"))
-    if s.network is not None:
-        engine = os.path.join(os.path.dirname(vzd.__file__), "vizdoom")
-        game.set_vizdoom_path(keeper.launcher(os.path.join(player_dir(s.work_dir, s.player), "engine"),
-                                              *s.network, engine))
+    engine = os.path.join(os.path.dirname(vzd.__file__), "vizdoom")
+    game.set_vizdoom_path(keeper.launcher(os.path.join(player_dir(s.work_dir, s.player), "engine"), s.network,
+                                          engine))
     game.set_mode(vzd.Mode.PLAYER)   # some scenario files (cig, multi) set ASYNC_PLAYER
     game.set_window_visible(False)
     game.set_sound_enabled(False)
