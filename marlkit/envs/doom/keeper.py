@@ -24,7 +24,8 @@ starts a second one.
 
     keep <work_dir> <isolate|share>
         Reports one line on stdout, ``<pid> isolated <inode of the namespace>`` or ``<pid> shared
-        <why>``, then waits for stdin to close and removes ``work_dir`` if it is still there.
+        <why>``, then waits for stdin to close, releases the shared memory of the engines started
+        in ``work_dir`` and removes ``work_dir`` if it is still there.
     enter <keeper pid> <namespace inode> <engine> [arguments]
         Joins the keeper's namespace (none where both are ``-``: the match shares the machine's
         network), writes the engine's instance id into the current folder (its player's) and
@@ -144,7 +145,10 @@ def enter(network: tuple[int, int] | None, argv: list[str]) -> None:
     if network is not None:
         _join(*network)
     if "+viz_instance_id" in argv[:-1]:   # the engine starts in its player's folder
-        _write(INSTANCE_FILE, argv[argv.index("+viz_instance_id") + 1])
+        try:
+            _write(INSTANCE_FILE, argv[argv.index("+viz_instance_id") + 1])
+        except OSError:   # its files would outlive a kill, which is no reason not to start
+            pass
     os.execv(argv[0], argv)
 
 
