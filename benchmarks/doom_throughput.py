@@ -177,7 +177,7 @@ def main() -> None:
     compared = {f"training_{name}": overrides for name, *overrides in args.compare}
     if (len(compared) != len(args.compare) or set(compared) & set(TRAINING_ROWS)
             or any("=" in name or not overrides for name, overrides in compared.items())):
-        p.error("--compare takes a row name of its own (not one of --rows', nor twice), then its KEY=VALUE "
+        p.error("--compare takes a row name of its own (not one of --rows, nor twice), then its KEY=VALUE "
                 "overrides, e.g. --compare narrow agents.MAPPO.actor.kwargs.channels=[8,16,16]")
 
     from marlkit.api import build_config

@@ -170,5 +170,6 @@ if __name__ == "__main__":
         try:
             enter(None if sys.argv[2] == "-" else (int(sys.argv[2]), int(sys.argv[3])), sys.argv[4:])
         except OSError as exc:
-            sys.stderr.write(f"marlkit: the engine cannot join its match's network namespace: {exc}\n")
+            where = "join its match's network namespace" if sys.argv[2] != "-" else "start"
+            sys.stderr.write(f"marlkit: the engine cannot {where}: {exc}\n")
             sys.exit(1)
