@@ -17,7 +17,10 @@ stack of 4 frames. Beside them, per player count, that config's default vector e
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
 the update), the same with ``runner.overlap=false``, with the update in bfloat16
 (``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
-that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). ``--rows``
+that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). Two rows
+are a ceiling, not a config: ``collection_only`` trains with the defaults but replaces every update
+by nothing (the agents still act on every step), and ``collection_only_workers_act`` does so with
+``runner.act_in_workers``; no update beside collection can train faster than they collect. ``--rows``
 picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
 pass) on that device, and with ``training_double_buffer`` among the rows one double-buffered there
 too. ``--compare NAME KEY=VALUE ...`` (repeatable) adds a row ``training_NAME``: doom_coop's
@@ -38,7 +41,10 @@ import numpy as np
 
 import harness
 
-TRAINING_ROWS = ["training", "training_no_overlap", "training_bfloat16", "training_double_buffer", "training_spin"]
+TRAINING_ROWS = ["training", "training_no_overlap", "training_bfloat16", "training_double_buffer", "training_spin",
+                 "collection_only", "collection_only_workers_act"]
+# rows whose agents act as in training but never update: the ceiling of any update beside collection
+COLLECTION_ONLY = {"collection_only", "collection_only_workers_act"}
 BUTTONS = ["ATTACK", "MOVE_FORWARD", "MOVE_BACKWARD", "MOVE_LEFT", "MOVE_RIGHT", "TURN_LEFT", "TURN_RIGHT"]
 
 
@@ -215,6 +221,8 @@ def main() -> None:
             "training_bfloat16": ({**args.overrides, "agents.MAPPO.precision": "bfloat16"}, "random"),
             "training_double_buffer": ({**args.overrides, "runner.double_buffer": True}, "random"),
             "training_spin": (spin, "random_spin"),
+            "collection_only": (args.overrides, "random"),
+            "collection_only_workers_act": ({**args.overrides, "runner.act_in_workers": True}, "random"),
             **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random"),
                 f"training_{args.device}_double_buffer": (
                     {**args.overrides, "device": args.device, "runner.double_buffer": True}, "random")}
@@ -225,7 +233,8 @@ def main() -> None:
             {f"training_{args.device}_double_buffer"} if "training_double_buffer" in args.rows else set())
         trainings = {k: v for k, v in trainings.items()
                      if k in args.rows or k in device_rows or k in compared}
-        sides = {name: (lambda o=o: harness.train_steps_per_s("MAPPO", "doom_coop", args.train_steps, o))
+        sides = {name: (lambda o=o, skip=name in COLLECTION_ONLY: harness.train_steps_per_s(
+                     "MAPPO", "doom_coop", args.train_steps, o, skip_updates=skip))
                  for name, (o, _) in trainings.items()}
         sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
         if "training_spin" in trainings:

@@ -70,9 +70,11 @@ def median(samples: list) -> Any:
 
 def measure(sides: dict[str, Callable[[], Any]], repeats: int, label: str = "") -> tuple[dict, dict]:
     """Each side once per repeat, in turn, so that all see the same machine load; one progress line
-    per repeat (a dict sample shows its ``env_steps_per_s``, else its ``wall_s``). Returns ``(samples, medians)`` by side."""
+    per repeat (a dict sample shows its ``env_steps_per_s``, else its ``wall_s``, else its first
+    figure). Returns ``(samples, medians)`` by side."""
     def short(v):
-        v = v.get("env_steps_per_s", v.get("wall_s")) if isinstance(v, dict) else v
+        if isinstance(v, dict):
+            v = v.get("env_steps_per_s", v.get("wall_s", next(iter(v.values()), None)))
         return f"{v:,.1f}" if isinstance(v, (int, float)) else str(v)
 
     samples: dict[str, list] = {name: [] for name in sides}
@@ -106,9 +108,20 @@ def train(agent: str, env: str, steps: int, overrides: dict | None = None):
             "runner.save_interval": 10 ** 9})
 
 
-def train_steps_per_s(agent: str, env: str, steps: int, overrides: dict | None = None) -> float:
-    """Env-steps/s of training, the loop alone (marlkit's ``perf/env_steps_per_s_overall``)."""
-    return train(agent, env, steps, overrides).metrics["perf/env_steps_per_s_overall"]
+def train_steps_per_s(agent: str, env: str, steps: int, overrides: dict | None = None,
+                      skip_updates: bool = False) -> float:
+    """Env-steps/s of training, the loop alone (marlkit's ``perf/env_steps_per_s_overall``).
+    ``skip_updates``: every on-policy update is replaced by nothing, while the agents act as in
+    training: the pace collection alone allows, what any update beside it can at best reach."""
+    if not skip_updates:
+        return train(agent, env, steps, overrides).metrics["perf/env_steps_per_s_overall"]
+    from marlkit.agents.on_policy import OnPolicyAgent
+    update = OnPolicyAgent.update
+    OnPolicyAgent.update = lambda self, batch, progress=None: {}
+    try:
+        return train(agent, env, steps, overrides).metrics["perf/env_steps_per_s_overall"]
+    finally:
+        OnPolicyAgent.update = update
 
 
 def random_steps_per_s(cfg, steps: int, runner=None, stats: dict | None = None) -> float:
