@@ -181,10 +181,12 @@ def main() -> None:
                    help="add the row training_NAME: training with these overrides on top of --set")
     args = harness.parse_args(p)
     compared = {f"training_{name}": overrides for name, *overrides in args.compare}
-    if (len(compared) != len(args.compare) or set(compared) & set(TRAINING_ROWS)
+    built_in = set(TRAINING_ROWS) | (
+        {f"training_{args.device}", f"training_{args.device}_double_buffer"} if args.device else set())
+    if (len(compared) != len(args.compare) or set(compared) & built_in
             or any("=" in name or not overrides for name, overrides in compared.items())):
-        p.error("--compare takes a row name of its own (not one of --rows, nor twice), then its KEY=VALUE "
-                "overrides, e.g. --compare narrow agents.MAPPO.actor.kwargs.channels=[8,16,16]")
+        p.error("--compare takes a row name of its own (not one of --rows or --device's, nor twice), then "
+                "its KEY=VALUE overrides, e.g. --compare narrow agents.MAPPO.actor.kwargs.channels=[8,16,16]")
 
     from marlkit.api import build_config
     from marlkit.config import deep_merge, parse_set
