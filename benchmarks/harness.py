@@ -7,6 +7,7 @@ the functions that need them, so that importing this module stays cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -113,13 +114,17 @@ def train_steps_per_s(agent: str, env: str, steps: int, overrides: dict | None =
     """Env-steps/s of training, the loop alone (marlkit's ``perf/env_steps_per_s_overall``).
     ``skip_updates``: every on-policy update is replaced by nothing, while the agents act as in
     training: the pace collection alone allows, what any update beside it can at best reach."""
-    if not skip_updates:
+    with _updates_skipped() if skip_updates else contextlib.nullcontext():
         return train(agent, env, steps, overrides).metrics["perf/env_steps_per_s_overall"]
+
+
+@contextlib.contextmanager
+def _updates_skipped():
     from marlkit.agents.on_policy import OnPolicyAgent
     update = OnPolicyAgent.update
     OnPolicyAgent.update = lambda self, batch, progress=None: {}
     try:
-        return train(agent, env, steps, overrides).metrics["perf/env_steps_per_s_overall"]
+        yield
     finally:
         OnPolicyAgent.update = update
 
