@@ -18,12 +18,13 @@ actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collec
 the update), the same with ``runner.overlap=false``, with the update in bfloat16
 (``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). Two rows
-are a ceiling, not a config: ``collection_only`` trains with the defaults but replaces every update
-by nothing (the agents still act on every step), and ``collection_only_workers_act`` does so with
-``runner.act_in_workers``; no update beside collection can train faster than they collect. ``--rows``
-picks among those training rows; ``--device cuda`` adds one with the update (and the batched acting
-pass) on that device, and with ``training_double_buffer`` among the rows one double-buffered there
-too. ``--compare NAME KEY=VALUE ...`` (repeatable) adds a row ``training_NAME``: doom_coop's
+are a ceiling, not a config: ``collection_only`` trains but replaces every update by nothing (the
+agent still acts on every step) with the runner acting (``runner.act_in_workers=false``), and
+``collection_only_workers_act`` does so with the match workers acting; no update beside
+collection can train faster than they collect. ``--rows``
+picks among those training rows; ``--device cuda`` adds one with the update on that device (acting
+where the config acts: doom_coop's match workers, on the CPU), and with ``training_double_buffer``
+among the rows one double-buffered there too (the runner acting, on that device). ``--compare NAME KEY=VALUE ...`` (repeatable) adds a row ``training_NAME``: doom_coop's
 training with these overrides on top of ``--set``, another config measured beside the defaults
 (e.g. the previous defaults). ``--players`` with no count skips the bare-loop pairs. ``--set``
 applies to both configs. Writes benchmarks/results/doom_throughput[_NAME].json.
@@ -223,7 +224,7 @@ def main() -> None:
             "training_bfloat16": ({**args.overrides, "agents.MAPPO.precision": "bfloat16"}, "random"),
             "training_double_buffer": ({**args.overrides, "runner.double_buffer": True}, "random"),
             "training_spin": (spin, "random_spin"),
-            "collection_only": (args.overrides, "random"),
+            "collection_only": ({**args.overrides, "runner.act_in_workers": False}, "random"),
             "collection_only_workers_act": ({**args.overrides, "runner.act_in_workers": True}, "random"),
             **({f"training_{args.device}": ({**args.overrides, "device": args.device}, "random"),
                 f"training_{args.device}_double_buffer": (
