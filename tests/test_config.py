@@ -147,6 +147,10 @@ def test_a_run_that_learns_with_convolutions_updates_alone_on_two_threads(sets, 
 def test_packaged_image_envs_keep_the_settings_they_were_measured_with(tmp_path):
     coop = build_config("MAPPO", "doom_coop")
     assert _threads(coop) == (True, None) and coop.runner.overlap is True
+    # its match workers act, except where the runner must: Ray actors, or double-buffered collection
+    assert coop.runner.acts_in_workers()
+    for sets in (["runner.vectorize=ray"], ["runner.double_buffer=true"]):
+        assert not build_config("MAPPO", "doom_coop", overrides=parse_set(sets)).runner.acts_in_workers()
     assert _threads(build_config("MAPPO", "mettagrid")) == (False, 2)   # its CNNs, in process
     # resolved once, where the run begins: its config.yaml holds the values
     bound = build_config("MAPPO", "mpe_spread", overrides=parse_set(["agents.MAPPO.actor.name=cnn"]))
