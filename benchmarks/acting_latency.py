@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 import harness
-from update_flops import WORKLOADS, make_agent
+from update_flops import WORKLOADS, acting_inputs, make_agent
 
 
 def spin(seconds: float) -> None:
@@ -31,13 +31,8 @@ def after_gaps(name: str, gaps_ms: list[float], calls: int) -> dict[str, float]:
     """ms per acting pass of ``name``'s agent after each gap (0: back to back)."""
     import torch
     agent, group, env, envs, _ = make_agent(name, torch.device("cpu"))
-    rng = np.random.default_rng(0)
-    A, shape, dtype = group.n_agents, group.obs_shape, group.observation_space.dtype
-    obs = (rng.integers(0, 256, (envs, A, *shape)).astype(dtype) if dtype == np.uint8
-           else rng.random((envs, A, *shape), dtype=np.float32))
-    state = (np.zeros((envs, 0), np.float32) if env.state_from_obs
-             else rng.normal(size=(envs, *env.state_shape)).astype(np.float32))
-    mask, allowed = np.ones((envs, A), bool), np.ones((envs, A, group.n_actions), bool)
+    draw, state, mask, allowed = acting_inputs(group, env, envs, np.random.default_rng(0))
+    obs = draw()
     for _ in range(20):
         agent.act(obs, state, mask, allowed, None)
     out = {}

@@ -102,20 +102,27 @@ def make_agent(name: str, device: torch.device, precision: str = "float32"):
     return agent, group, env, envs, horizon
 
 
-def rollout(agent, group, env, envs: int, horizon: int, rng):
-    """A full rollout of random observations acted on by ``agent`` -> (batch, acting seconds, acting FLOPs)."""
-    storage = agent.make_storage(StorageLayout(group, env, envs, horizon))
-    r = storage.next_rollout()
+def acting_inputs(group, env, envs: int, rng):
+    """What ``agent.act`` takes for ``envs`` envs of a workload -> (a function drawing random
+    observations, the global state, every agent present, every action allowed)."""
     A, shape, dtype = group.n_agents, group.obs_shape, group.observation_space.dtype
 
     def obs():
         return (rng.integers(0, 256, (envs, A, *shape)).astype(dtype) if dtype == np.uint8
                 else rng.random((envs, A, *shape), dtype=np.float32))
 
-    acting_s, counter = 0.0, FlopCounterMode(display=False)
-    mask, allowed = np.ones((envs, A), bool), np.ones((envs, A, group.n_actions), bool)
     state = (np.zeros((envs, 0), np.float32) if env.state_from_obs
              else rng.normal(size=(envs, *env.state_shape)).astype(np.float32))
+    return obs, state, np.ones((envs, A), bool), np.ones((envs, A, group.n_actions), bool)
+
+
+def rollout(agent, group, env, envs: int, horizon: int, rng):
+    """A full rollout of random observations acted on by ``agent`` -> (batch, acting seconds, acting FLOPs)."""
+    storage = agent.make_storage(StorageLayout(group, env, envs, horizon))
+    r = storage.next_rollout()
+    A = group.n_agents
+    obs, state, mask, allowed = acting_inputs(group, env, envs, rng)
+    acting_s, counter = 0.0, FlopCounterMode(display=False)
     for t in range(horizon):
         o = obs()
         if t == 0:   # counted once (the counter slows what it counts), timed on the other steps
