@@ -4,7 +4,8 @@ vector env. Each pair alternates within one process, so both sides see the same 
 
     python benchmarks/doom_throughput.py [--steps 1500] [--repeats 3] [--players 2 4]
                                          [--train-steps 4096] [--rows training ...] [--device cuda]
-                                         [--set KEY=VALUE ...] [--compare NAME KEY=VALUE ...] [--tag NAME]
+                                         [--train-env doom_coop] [--set KEY=VALUE ...]
+                                         [--compare NAME KEY=VALUE ...] [--tag NAME]
 
 A joint step is one step of every player (``frame_skip`` tics each). "bare" is the minimum any
 wrapper must do: one process per player holding a DoomGame on deathmatch.cfg (player 0 hosting,
@@ -14,8 +15,8 @@ barrier hangs the engines); its engines wait for their peers as the config's do 
 yielding their core, or spinning). "marlkit" is ``make_env_vector`` on the packaged doom_deathmatch
 config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
-actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (collection overlapping
-the update), the same with ``runner.overlap=false``, with the update in bfloat16
+actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (``--train-env`` names
+another doom config, e.g. doom_deathmatch), collection overlapping the update; the same with ``runner.overlap=false``, with the update in bfloat16
 (``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). Two rows
 are a ceiling, not a config: ``collection_only`` trains but replaces every update by nothing (the
@@ -174,6 +175,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1500, help="joint steps per measurement (2 players)")
     p.add_argument("--players", type=int, nargs="*", default=[2, 4])
     p.add_argument("--train-steps", type=int, default=4096, help="0 skips the training measurement")
+    p.add_argument("--train-env", default="doom_coop",
+                   help="the packaged doom config the training rows train and step (e.g. doom_deathmatch)")
     p.add_argument("--rows", nargs="*", default=TRAINING_ROWS, choices=TRAINING_ROWS,
                    help="the training rows to measure (each beside random stepping)")
     p.add_argument("--device", default=None,
@@ -215,9 +218,9 @@ def main() -> None:
     rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
              harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
-        coop = build_config("MAPPO", "doom_coop", overrides=args.overrides)
+        coop = build_config("MAPPO", args.train_env, overrides=args.overrides)
         spin = {**args.overrides, "env.engine_wait": "spin"}
-        coop_spin = build_config("MAPPO", "doom_coop", overrides=args.overrides, **{"env.engine_wait": "spin"})
+        coop_spin = build_config("MAPPO", args.train_env, overrides=args.overrides, **{"env.engine_wait": "spin"})
         trainings = {   # row: (overrides, the random row it is a ratio of)
             "training": (args.overrides, "random"),
             "training_no_overlap": ({**args.overrides, "runner.overlap": False}, "random"),
@@ -237,14 +240,14 @@ def main() -> None:
         trainings = {k: v for k, v in trainings.items()
                      if k in args.rows or k in device_rows or k in compared}
         sides = {name: (lambda o=o, skip=name in COLLECTION_ONLY: harness.train_steps_per_s(
-                     "MAPPO", "doom_coop", args.train_steps, o, skip_updates=skip))
+                     "MAPPO", args.train_env, args.train_steps, o, skip_updates=skip))
                  for name, (o, _) in trainings.items()}
         sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
         if "training_spin" in trainings:
             sides["random_spin"] = lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)
-        samples, medians = harness.measure(sides, args.repeats, label="doom_coop ")
+        samples, medians = harness.measure(sides, args.repeats, label=f"{args.train_env} ")
         out["mappo_training"] = {
-            "config": "marlkit/configs/doom_coop.yaml", "steps": args.train_steps, "compare": args.compare,
+            "config": f"marlkit/configs/{args.train_env}.yaml", "steps": args.train_steps, "compare": args.compare,
             "vector_env": f"{coop.runner.parallels} envs, {coop.runner.vectorize}",
             "engine_wait": coop.env.engine_wait, "device": coop.device,
             **{f"{name}_joint_steps_per_s": s for name, s in samples.items()},
@@ -255,7 +258,7 @@ def main() -> None:
     if rows:
         harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
-        print(f"doom_coop, medians ({coop.runner.parallels} envs, {coop.runner.vectorize}): " + "; ".join(
+        print(f"{args.train_env}, medians ({coop.runner.parallels} envs, {coop.runner.vectorize}): " + "; ".join(
             f"{name} {medians[name]:.1f} joint steps/s ({medians[name] / medians[rand]:.2f}x {rand})"
             for name, (_, rand) in trainings.items()) + "; " + ", ".join(
             f"{r} {medians[r]:.1f}" for r in ("random", "random_spin") if r in medians))
