@@ -195,6 +195,14 @@ def main() -> None:
     from marlkit.api import build_config
     from marlkit.config import deep_merge, parse_set
     from marlkit.envs.doom import engine_wait
+    from marlkit.errors import ConfigError
+    try:
+        train_env_type = build_config("MAPPO", args.train_env).env.type
+    except ConfigError as e:
+        p.error(f"--train-env: {e}")
+    if args.train_steps and train_env_type != "doom":
+        p.error(f"--train-env {args.train_env} is not a doom config: name one of marlkit/configs/doom_*.yaml, "
+                "e.g. --train-env doom_deathmatch")
     cfg = build_config("MAPPO", "doom_deathmatch", overrides=args.overrides)
     preload = engine_wait.library() if cfg.env.engine_wait == "yield" else None
     parallels, vectorize = cfg.runner.parallels, cfg.runner.vectorize
