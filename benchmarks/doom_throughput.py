@@ -16,8 +16,8 @@ yielding their core, or spinning). "marlkit" is ``make_env_vector`` on the packa
 config, the same map and buttons (1 env, runner.vectorize sync), with its resize to 30x40 and
 stack of 4 frames. Beside them, per player count, that config's default vector env with random
 actions. Training (``--train-steps``): MAPPO with the doom_coop defaults (``--train-env`` names
-another doom config, e.g. doom_deathmatch), collection overlapping the update; the same with ``runner.overlap=false``, with the update in bfloat16
-(``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
+another doom config, e.g. doom_deathmatch), collection overlapping the update; the same with
+``runner.overlap=false``, with the update in bfloat16 (``agents.MAPPO.precision``) and with double-buffered collection (``runner.double_buffer``), and random actions through the same vector env, alternating; then training and random actions again with ``env.engine_wait=spin`` (engines
 that spin while they wait for a peer, as ViZDoom's do, instead of yielding their core). Two rows
 are a ceiling, not a config: ``collection_only`` trains but replaces every update by nothing (the
 agent still acts on every step) with the runner acting (``runner.act_in_workers=false``), and
@@ -197,10 +197,10 @@ def main() -> None:
     from marlkit.envs.doom import engine_wait
     from marlkit.errors import ConfigError
     try:
-        train_env_type = build_config("MAPPO", args.train_env).env.type
+        trained = build_config("MAPPO", args.train_env, overrides=args.overrides)
     except ConfigError as e:
         p.error(f"--train-env: {e}")
-    if args.train_steps and train_env_type != "doom":
+    if args.train_steps and trained.env.type != "doom":
         p.error(f"--train-env {args.train_env} is not a doom config: name one of marlkit/configs/doom_*.yaml, "
                 "e.g. --train-env doom_deathmatch")
     cfg = build_config("MAPPO", "doom_deathmatch", overrides=args.overrides)
@@ -226,9 +226,8 @@ def main() -> None:
     rows = [[f"{n} players", harness.median(r["bare_joint_steps_per_s"]),
              harness.median(r["marlkit_joint_steps_per_s"]), r["ratio_median"]] for n, r in out["players"].items()]
     if args.train_steps:
-        coop = build_config("MAPPO", args.train_env, overrides=args.overrides)
         spin = {**args.overrides, "env.engine_wait": "spin"}
-        coop_spin = build_config("MAPPO", args.train_env, overrides=args.overrides, **{"env.engine_wait": "spin"})
+        trained_spin = build_config("MAPPO", args.train_env, overrides=args.overrides, **{"env.engine_wait": "spin"})
         trainings = {   # row: (overrides, the random row it is a ratio of)
             "training": (args.overrides, "random"),
             "training_no_overlap": ({**args.overrides, "runner.overlap": False}, "random"),
@@ -250,14 +249,14 @@ def main() -> None:
         sides = {name: (lambda o=o, skip=name in COLLECTION_ONLY: harness.train_steps_per_s(
                      "MAPPO", args.train_env, args.train_steps, o, skip_updates=skip))
                  for name, (o, _) in trainings.items()}
-        sides["random"] = lambda: harness.random_steps_per_s(coop, args.train_steps // 2)
+        sides["random"] = lambda: harness.random_steps_per_s(trained, args.train_steps // 2)
         if "training_spin" in trainings:
-            sides["random_spin"] = lambda: harness.random_steps_per_s(coop_spin, args.train_steps // 2)
+            sides["random_spin"] = lambda: harness.random_steps_per_s(trained_spin, args.train_steps // 2)
         samples, medians = harness.measure(sides, args.repeats, label=f"{args.train_env} ")
         out["mappo_training"] = {
             "config": f"marlkit/configs/{args.train_env}.yaml", "steps": args.train_steps, "compare": args.compare,
-            "vector_env": f"{coop.runner.parallels} envs, {coop.runner.vectorize}",
-            "engine_wait": coop.env.engine_wait, "device": coop.device,
+            "vector_env": f"{trained.runner.parallels} envs, {trained.runner.vectorize}",
+            "engine_wait": trained.env.engine_wait, "device": trained.device,
             **{f"{name}_joint_steps_per_s": s for name, s in samples.items()},
             **{f"{name}_ratio_per_repeat": [t / r for t, r in zip(samples[name], samples[rand])]
                for name, (_, rand) in trainings.items()},
@@ -266,7 +265,7 @@ def main() -> None:
     if rows:
         harness.table(["joint steps/s (median)", "bare", "marlkit (1 env, sync)", "marlkit / bare"], rows)
     if args.train_steps:
-        print(f"{args.train_env}, medians ({coop.runner.parallels} envs, {coop.runner.vectorize}): " + "; ".join(
+        print(f"{args.train_env}, medians ({trained.runner.parallels} envs, {trained.runner.vectorize}): " + "; ".join(
             f"{name} {medians[name]:.1f} joint steps/s ({medians[name] / medians[rand]:.2f}x {rand})"
             for name, (_, rand) in trainings.items()) + "; " + ", ".join(
             f"{r} {medians[r]:.1f}" for r in ("random", "random_spin") if r in medians))
