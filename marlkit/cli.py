@@ -12,14 +12,13 @@ import gc
 import importlib
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 from argparse_dataclass import ArgumentParser
 
 from marlkit.config import available_envs
-from marlkit.errors import (CheckpointMismatchError, ConfigError, EnvAPIError, EnvWorkerError, RunInterrupted,
-                            TrainingDivergedError)
-from marlkit.registry import REGISTRY, UnknownNameError, builtin_agents, first_sentence
+from marlkit.errors import exit_code
+from marlkit.registry import REGISTRY, builtin_agents, first_sentence
 
 
 @dataclass
@@ -123,27 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     return exit_code(train_or_test)
-
-
-def exit_code(work: Callable[[], int]) -> int:
-    """``work()``, with marlkit's errors and stops each reported in one line on stderr -> its exit
-    code: 0 done, 1 failed, 2 bad config, 130 interrupted."""
-    try:
-        return work()
-    except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError) as exc:
-        print(f"marlkit: error: {exc}", file=sys.stderr)
-        return 2
-    except (EnvAPIError, EnvWorkerError, TrainingDivergedError) as exc:
-        # a note says what a failed training run saved and how to continue it
-        print(f"marlkit: {type(exc).__name__}: {'; '.join([str(exc), *getattr(exc, '__notes__', [])])}",
-              file=sys.stderr)
-        return 1
-    except RunInterrupted as exc:
-        print(f"marlkit: {exc}; envs closed", file=sys.stderr)
-        return 130
-    except KeyboardInterrupt:
-        print("marlkit: interrupted before the run started; nothing was saved", file=sys.stderr)
-        return 130
 
 
 def command() -> int:

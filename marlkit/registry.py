@@ -9,6 +9,8 @@ import difflib
 import re
 from typing import Callable, TypeVar
 
+from marlkit.errors import UnknownNameError
+
 T = TypeVar("T")
 
 REGISTRY: dict[str, type] = {}
@@ -19,13 +21,6 @@ ENV_REGISTRY: dict[str, type] = {}
 
 MODEL_REGISTRY: dict[str, type] = {}
 """Model name (the ``model.name`` key of an agent config) -> network class."""
-
-
-class UnknownNameError(KeyError):
-    """A name that is not in a registry; the message lists the valid names."""
-
-    def __str__(self) -> str:  # KeyError would print the message quoted
-        return str(self.args[0])
 
 
 def _register(table: dict[str, type], kind: str, name: str) -> Callable[[T], T]:

@@ -4,7 +4,7 @@ import yaml
 
 from marlkit.api import build_config
 from marlkit.config import ConfigError, from_dict, parse_set
-from marlkit.registry import UnknownNameError
+from marlkit.errors import UnknownNameError
 
 
 def test_precedence_defaults_yaml_config_file_set(tmp_path):

@@ -31,10 +31,10 @@ from gymnasium import spaces
 from torch import nn
 
 from marlkit.config import ModelConfig, to_plain
-from marlkit.errors import CheckpointMismatchError, ConfigError
+from marlkit.errors import CheckpointMismatchError, ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import EnvStreams
-from marlkit.registry import UnknownNameError, get_model
+from marlkit.registry import get_model
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Storage, StorageLayout
 

@@ -22,13 +22,13 @@ from torch import nn
 from marlkit.agents.base import ActOut, Agent, Progress, Schedule
 from marlkit.agents.losses import masked_mean, ppo_policy_loss, value_loss
 from marlkit.config import ModelConfig, _range
-from marlkit.errors import ConfigError
+from marlkit.errors import ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.noise import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
 from marlkit.optim import Adam, gradient_step
 from marlkit.precision import loss_precision, update_precision
-from marlkit.registry import UnknownNameError, get_model
+from marlkit.registry import get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
 

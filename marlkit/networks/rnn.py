@@ -8,7 +8,8 @@ from torch import nn
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.base import Encoder, as_float
 from marlkit.networks.mlp import flat_size, mlp_layers
-from marlkit.registry import UnknownNameError, get_model, register_model
+from marlkit.errors import UnknownNameError
+from marlkit.registry import get_model, register_model
 
 
 @register_model("gru")

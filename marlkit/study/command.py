@@ -11,9 +11,8 @@ finished runs, resumes interrupted ones and starts the rest; a study whose setti
 from __future__ import annotations
 
 import argparse
-import sys
 
-from marlkit.errors import ConfigError
+from marlkit.errors import ConfigError, exit_code
 
 RUN_KEYS = ("agents", "envs", "seeds")
 
@@ -54,20 +53,14 @@ def _spec(args):
 
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
-    try:
+
+    def study() -> int:
         spec = _spec(args)
         from marlkit.study import stats
         stats.require_rliable()
-        if args.report:
-            return report(spec)
-        return run(spec)
-    except ConfigError as exc:
-        for line in str(exc).splitlines():
-            print(f"marlkit study: error: {line}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("marlkit study: interrupted before any run started", file=sys.stderr)
-        return 130
+        return report(spec) if args.report else run(spec)
+
+    return exit_code(study, prog="marlkit study", unstarted="interrupted before any run started")
 
 
 def report(spec) -> int:

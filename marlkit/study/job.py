@@ -17,7 +17,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from marlkit.cli import exit_code
+from marlkit.errors import exit_code
 
 # What every run imports, imported once by the study's job server before it forks the runs
 # (scheduler.LocalJobs): torch alone takes seconds. Env packages are left to each run: one that

@@ -17,14 +17,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from marlkit.errors import ConfigError
+from marlkit.errors import INTERRUPTED, ConfigError, process_exit_code
 from marlkit.memory import GB, available_bytes
 from marlkit.study.spec import PlannedRun, StudySpec
 
 # what a run holds beside its agents' estimate (the interpreter, torch, the envs): an mpe_spread run's
 # process is 0.29 GB resident, and a forked env worker 0.22 GB, most of it pages shared with the process
 PROCESS_BYTES = GB // 2
-INTERRUPTED = 130
 
 
 def read_benchmark(run_dir: Path) -> dict | None:
@@ -125,12 +124,6 @@ def _job_command(run: PlannedRun, request: dict) -> list[str]:
     return [sys.executable, "-m", "marlkit.study.job", str(run.run_dir), json.dumps(request)]
 
 
-def _exit_code(code: int) -> int:
-    """A process that died of SIGINT or SIGTERM before marlkit's handlers were set was interrupted
-    all the same."""
-    return INTERRUPTED if code in (-signal.SIGINT, -signal.SIGTERM) else code
-
-
 def _answer_sigint() -> None:
     """In the child before exec: SIGINT and SIGTERM unblocked and SIGINT at its default, which Python
     turns into Ctrl+C. A study started in the background by a shell ignores SIGINT, a Ray worker
@@ -208,7 +201,7 @@ class LocalJobs:
             if done or not self.procs or time.monotonic() >= deadline:
                 for key, _ in done:
                     self.procs.pop(key).close()
-                return [(key, _exit_code(code)) for key, code in done]
+                return [(key, process_exit_code(code)) for key, code in done]
             time.sleep(0.1)
 
     def interrupt(self, times: int) -> None:
@@ -241,7 +234,7 @@ def _ray_job(command: list[str], log: str, environ: dict, stop: str) -> int:
                 proc.send_signal(signal.SIGINT)
                 sent += 1
             time.sleep(0.2)
-        return _exit_code(proc.returncode)
+        return process_exit_code(proc.returncode)
 
 
 class RayJobs:

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from marlkit.config import deep_merge, load_yaml, nest, parse_set, to_plain
-from marlkit.errors import CheckpointMismatchError, ConfigError, EnvAPIError
-from marlkit.registry import UnknownNameError, closest
+from marlkit.errors import BAD_INPUT_ERRORS, ConfigError, EnvAPIError, UnknownNameError
+from marlkit.registry import closest
 
 KEYS = ("name", "agents", "envs", "seeds", "set", "reference", "jobs", "backend")
 BACKENDS = ("local", "ray")
@@ -210,8 +210,7 @@ def plan_runs(spec: StudySpec) -> list[PlannedRun]:
                                    overrides=deep_merge(spec.set, {"seed": spec.seeds[0]}))
                 _check_groups(cfg, specs)
                 configs[(env, agent)] = cfg
-            except (ConfigError, UnknownNameError, FileNotFoundError, CheckpointMismatchError, EnvAPIError,
-                    ImportError) as exc:
+            except (*BAD_INPUT_ERRORS, EnvAPIError, ImportError) as exc:
                 failed.setdefault(str(exc), []).append(pair)
     every = len(envs) * len(agents)
     for message, pairs in failed.items():
