@@ -42,7 +42,7 @@ def main() -> None:
     args = harness.parse_args(p)
 
     from marlkit.api import build_config
-    from marlkit.envs.ray_vector import loopback_cluster
+    from marlkit.envs.ray_cluster import loopback_cluster
     rows = []
     with loopback_cluster(nodes=2, cpus_per_node=1):
         for env, steps in zip(args.env, args.steps):

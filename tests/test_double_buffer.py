@@ -121,16 +121,16 @@ def test_a_part_steps_alone_and_writes_only_its_own_rows():
             reference.close()
         np.testing.assert_array_equal(other.next.obs["agents"], whole.next.obs["agents"][2:])
         np.testing.assert_array_equal(first.next.obs["agents"], whole.next.obs["agents"][:2])
-        np.testing.assert_array_equal(venv.stats.length, [2, 2, 1, 1])
+        np.testing.assert_array_equal(venv.counter.length, [2, 2, 1, 1])
         with pytest.raises(RuntimeError, match=r"step_wait of envs \(2, 2\), which step_async did not start"):
             venv.step_wait((2, 2))
         venv.step_async(actions, (0, 2))
         with pytest.raises(RuntimeError, match=r"step_async of envs \(0, 2\) while their step is in flight"):
             venv.step_async(actions, (0, 2))
-        with pytest.raises(RuntimeError, match=r"'get_state' while the workers \[0\] have a step in flight"):
-            venv.env_states()
+        with pytest.raises(RuntimeError, match=r"'state_dict' while the workers \[0\] have a step in flight"):
+            venv.workers.state_dict()
         venv.step_wait((0, 2))
-        assert len(venv.env_states()) == 4
+        assert len(venv.workers.state_dict()) == 4
         with pytest.raises(ValueError, match=r"envs 1-2 are not whole workers' envs"):
             venv.step_async({"agents": np.zeros((2, 3), int)}, (1, 2))
         with pytest.raises(ValueError, match=r"3 parts of the envs of 2 env workers"):

@@ -13,7 +13,7 @@ from marlkit.storage import Bootstrap, Transition
 from marlkit.envs.factory import make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.networks.distributions import Categorical, MultiCategorical
-from marlkit.networks.noise import GeneratorNoise
+from marlkit.random_streams import GeneratorNoise
 from marlkit.registry import get_agent
 from toy_envs import MaskedChoiceEnv, ScriptedEnv
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from marlkit.networks.distributions import Categorical, DiagGaussian
-from marlkit.networks.noise import EnvStreams, GeneratorNoise, StreamNoise
+from marlkit.random_streams import EnvStreams, GeneratorNoise, StreamNoise
 
 
 def test_an_env_draws_the_same_whatever_the_batch_it_is_in():

@@ -16,7 +16,7 @@ from marlkit.precision import loss_precision, update_precision
 from marlkit.api import build_config
 from marlkit.config import ConfigError, ModelConfig
 from marlkit.networks.distributions import ActionHead
-from marlkit.networks.noise import GeneratorNoise
+from marlkit.random_streams import GeneratorNoise
 from marlkit.registry import get_agent
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition

@@ -24,8 +24,9 @@ from ray._private import ray_constants  # noqa: E402
 import marlkit
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
-from marlkit.envs.ray_vector import LOOPBACK, RayVectorEnv, _cmdline, loopback_cluster
-from marlkit.envs.vector import _LIVE, EpisodeStatistics, SyncVectorEnv
+from marlkit.envs.ray_cluster import LOOPBACK, cmdline, loopback_cluster
+from marlkit.envs.vector.ray import RayVectorEnv
+from marlkit.envs.vector import OPEN_VECTOR_ENVS, EpisodeStatistics, SyncVectorEnv
 from test_doom_cleanup import descendants, is_engine
 from test_doom import gone_within, work_folders
 from test_vector import fns, trajectory
@@ -85,16 +86,16 @@ def test_env_workers_land_on_two_nodes_and_step_like_in_process_envs(cluster):
     expected = trajectory(EpisodeStatistics(SyncVectorEnv(fns(5, length=7))))
     venv = EpisodeStatistics(RayVectorEnv(fns(5, length=7), num_workers=2))
     try:
-        assert len({node for node, _, _ in venv.nodes}) == 2
+        assert len({node for node, _, _ in venv.venv.nodes}) == 2
         got = trajectory(venv)
         assert len(got) == len(expected)
         for a, b in zip(expected, got):
             np.testing.assert_array_equal(a, b)
         # one batched call per actor per step: the actions of all its envs go out, the arrays come back
-        assert venv.bytes_sent == 40 * 5 * 3 * 8
+        assert venv.venv.bytes_sent == 40 * 5 * 3 * 8
     finally:
         venv.close()
-    assert not any(isinstance(v, RayVectorEnv) for v in _LIVE)
+    assert not any(isinstance(v, RayVectorEnv) for v in OPEN_VECTOR_ENVS)
 
 
 def _weights(run_dir: Path) -> dict:
@@ -139,8 +140,8 @@ def test_doom_matches_on_the_cluster_die_with_their_actors(cluster):
     runner = replace(cfg.runner, vectorize="ray", workers=2, parallels=2)
     venv = make_env_vector(env_cfg, runner)
     try:
-        assert len({node for node, _, _ in venv.nodes}) == 2
-        engines = [_engines_of([pid]) for _, _, pid in venv.nodes]
+        assert len({node for node, _, _ in venv.venv.nodes}) == 2
+        engines = [_engines_of([pid]) for _, _, pid in venv.venv.nodes]
         assert [len(e) for e in engines] == [2, 2], engines   # one match of 2 players per actor, on its node
         obs = venv.reset(seed=3)
         assert obs.obs["agents"].dtype == np.uint8
@@ -149,9 +150,9 @@ def test_doom_matches_on_the_cluster_die_with_their_actors(cluster):
         for _ in range(5):
             res = venv.step({"agents": rng.integers(0, n_actions, (2, 2))})
         assert res.next.obs["agents"].dtype == np.uint8 and res.next.obs["agents"].shape[:2] == (2, 2)
-        killed = venv.nodes[0][2]
+        killed = venv.venv.nodes[0][2]
         assert [pid for pid, _ in work_folders().values()].count(killed) == 1
-        ray.kill(venv.actors[0], no_restart=True)
+        ray.kill(venv.venv.actors[0], no_restart=True)
         assert gone_within(sorted(engines[0]), 15), "the games of a killed actor outlived it"
         assert all(os.path.exists(f"/proc/{p}") for p in engines[1])
         deadline = time.monotonic() + 10   # its match's work folder too (Ray kills an actor with SIGKILL)
@@ -176,10 +177,10 @@ def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_na
         actions = {"agents": np.zeros((4, 3), np.int64)}
         for _ in range(3):
             before = venv.step(actions)
-        lost_node = venv.nodes[0][0]
+        lost_node = venv.venv.nodes[0][0]
         cluster.remove_node(_cluster_node(cluster, lost_node))
         res = venv.step(actions)
-        assert venv.restarts == 1 and venv.nodes[0][0] not in (lost_node, venv.nodes[1][0])
+        assert venv.restarts == 1 and venv.venv.nodes[0][0] not in (lost_node, venv.venv.nodes[1][0])
         np.testing.assert_array_equal(res.lost, [True, True, False, False])   # the runner learns nothing of it
         # the lost envs' episodes end truncated at the last observation seen, with no reward and no
         # episode report; fresh episodes follow; the other actor's envs went on
@@ -191,7 +192,7 @@ def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_na
             res = venv.step(actions)
         assert not res.episode_end.any()
         # no room left for a second loss: one line naming the node, well within a minute
-        lost_node = venv.nodes[1][0]
+        lost_node = venv.venv.nodes[1][0]
         cluster.remove_node(_cluster_node(cluster, lost_node))
         began = time.monotonic()
         with pytest.raises(EnvWorkerError) as err:
@@ -249,7 +250,7 @@ def test_training_survives_a_lost_node_and_logs_the_restart(cluster, tiny):
     def remove_a_node_mid_run():
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            live = [v for v in list(_LIVE) if isinstance(v, RayVectorEnv) and v.bytes_sent > 20_000]
+            live = [v for v in list(OPEN_VECTOR_ENVS) if isinstance(v, RayVectorEnv) and v.bytes_sent > 20_000]
             if live:
                 node = live[0].nodes[0][0]
                 cluster.remove_node(_cluster_node(cluster, node))
@@ -325,8 +326,8 @@ def _cluster_apart(nodes: int, cpus_per_node: float):
     """A cluster on loopback that this process does not join (it may be joined to ``cluster``)."""
     from ray.cluster_utils import Cluster
 
-    from marlkit.envs.ray_vector import _loopback_node_ip
-    with _loopback_node_ip():
+    from marlkit.envs.ray_cluster import loopback_node_ip
+    with loopback_node_ip():
         apart = Cluster(initialize_head=True, connect=False,
                         head_node_args={"num_cpus": 0, "node_ip_address": LOOPBACK, "include_dashboard": False})
         try:
@@ -343,9 +344,9 @@ def _cluster_apart(nodes: int, cpus_per_node: float):
 
 @contextlib.contextmanager
 def _try_out(nodes: int, cpus_per_node: float, **env):
-    """``python -m marlkit.envs.ray_vector``, the one-machine try-out of docs/cluster.md, with
+    """``python -m marlkit.envs.ray_cluster``, the one-machine try-out of docs/cluster.md, with
     ``env`` set: (its process, its address); stopped with Ctrl+C."""
-    proc = subprocess.Popen([sys.executable, "-m", "marlkit.envs.ray_vector", "--nodes", str(nodes),
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit.envs.ray_cluster", "--nodes", str(nodes),
                              "--cpus-per-node", str(cpus_per_node)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **env})
     try:
@@ -392,7 +393,7 @@ def test_a_driver_without_the_clusters_token_is_told_so_at_once_in_one_line(toke
 
 def _env_actors_on(node) -> int:
     raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
-    return sum(_cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
+    return sum(cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
 
 
 @pytest.mark.parametrize("trial", range(2))
@@ -449,7 +450,7 @@ def test_rays_messages_are_held_then_kept_in_a_temp_file_or_the_run_directory(tm
     file behind (a run killed with SIGKILL runs no clean-up)."""
     import logging
 
-    from marlkit.envs.ray_vector import RayLog
+    from marlkit.envs.ray_cluster import RayLog
     printer, handlers = ray._private.worker.print_to_stdstream, logging.getLogger("ray").handlers[:]
     before = set(Path(tempfile.gettempdir()).glob("marlkit-ray-*"))
     quiet = RayLog(ray)

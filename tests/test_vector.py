@@ -52,7 +52,7 @@ def test_sync_and_subprocess_give_identical_trajectories():
 
 
 def test_jobs_go_on_from_a_restored_state_where_they_were_saved():
-    """The workers' own vector envs keep the episode accumulators while they host jobs: a saved
+    """The workers' own vector envs keep the episode counters while they host jobs: a saved
     state holds them, and restoring it puts them back in the workers, beside the envs."""
     from toy_envs import TrajectoryJob
     builder = _EnvBuilder(PettingZooConfig(factory="toy_envs:scripted", kwargs={"length": 7}, exact_resume=True))
@@ -62,9 +62,9 @@ def test_jobs_go_on_from_a_restored_state_where_they_were_saved():
         venv.reset(seed=3)
         venv.install_jobs([TrajectoryJob() for _ in venv.blocks])
         venv.run_jobs([4, 4], "stepping")            # every episode is 4 steps in: returns accumulated
-        saved = venv.get_state()
+        saved = venv.state_dict()
         first = venv.run_jobs([10, 10], "stepping")
-        venv.set_state(saved)
+        venv.load_state_dict(saved)
         again = venv.run_jobs([10, 10], "stepping")
     finally:
         venv.close()

@@ -15,7 +15,7 @@ import marlkit
 from conftest import assert_close_training, assert_same_training
 from marlkit.config import ConfigError
 from marlkit.envs.core import EnvWorkerError
-from marlkit.envs.vector import _LIVE
+from marlkit.envs.vector import OPEN_VECTOR_ENVS
 
 WORKERS = {"runner.vectorize": "subprocess", "runner.workers": 2}
 GRU = {"name": "gru", "hidden_sizes": [32], "rnn_hidden": 32}
@@ -119,7 +119,7 @@ def test_a_worker_whose_env_hangs_mid_rollout_is_an_error_within_the_timeout(tin
         marlkit.run(agent="MAPPO", env=path, **{**tiny, **WORKERS, "runner.parallels": 4,
                                                 "runner.worker_timeout": 2, "runner.total_steps": 400})
     assert time.monotonic() - start < 20
-    assert not [v for v in _LIVE if not v.closed]
+    assert not [v for v in OPEN_VECTOR_ENVS if not v.closed]
 
 
 def test_a_slow_rollout_that_keeps_stepping_is_not_a_timeout(tiny, env_yaml):

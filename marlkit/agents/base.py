@@ -33,7 +33,7 @@ from torch import nn
 from marlkit.config import ModelConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
-from marlkit.networks.noise import EnvStreams
+from marlkit.random_streams import EnvStreams
 from marlkit.registry import get_model
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Storage, StorageLayout
@@ -114,7 +114,7 @@ class Agent:
         self.seed = int(seed)
         self.device = torch.device(device)
         self.rng = np.random.default_rng(seed)
-        self.streams = EnvStreams(seed)   # what acting draws, one stream per env (networks/noise.py)
+        self.streams = EnvStreams(seed)   # what acting draws, one stream per env (marlkit/random_streams.py)
 
     # ------------------------------------------------------------------ before anything starts
 

@@ -24,7 +24,7 @@ from marlkit.agents.losses import masked_mean, ppo_policy_loss, value_loss
 from marlkit.config import ModelConfig, _range
 from marlkit.errors import ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
-from marlkit.networks.noise import GeneratorNoise, StreamNoise
+from marlkit.random_streams import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
 from marlkit.optim import Adam, gradient_step
 from marlkit.precision import loss_precision, update_precision
@@ -213,7 +213,7 @@ class OnPolicyAgent(Agent):
 
     def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool, noise):
         """Pick actions for ``[1, E, A, ...]`` inputs (``hidden`` is the actor's ``[E, A, H]``),
-        drawing from ``noise`` (``marlkit/networks/noise.py``; while acting, each env's stream along
+        drawing from ``noise`` (``marlkit/random_streams.py``; while acting, each env's stream along
         dimension 1). -> (actions ``[1, E, A, ...]``, their log-probs ``[1, E, A]``, next actor hidden
         or None, normalised values ``[1, E, A]`` when picking them computed values anyway, else None)."""
         dist, hidden = self.policy(obs, state, hidden, None, action_mask, agent_mask)

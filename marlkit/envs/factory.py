@@ -41,7 +41,7 @@ def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None =
     """``first_index``: the index of the first env, so that two vector envs open at once (training
     and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
     if runner.vectorize == "ray":
-        from marlkit.envs.ray_vector import make_ray_vector_env
+        from marlkit.envs.vector.ray import make_ray_vector_env
         return make_ray_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.workers,
                                    runner.ray_cpus_per_worker, runner.ray_address, runner.worker_timeout,
                                    runner.worker_start_timeout, runner.ray_max_restarts, first_index)

@@ -2,7 +2,7 @@
 
 Masked logits are set to a large negative number, so masked actions get probability exactly 0
 (never sampled) while entropies and gradients stay finite. ``sample`` draws from a noise source
-(``marlkit/networks/noise.py``): each env's own random stream while acting.
+(``marlkit/random_streams.py``): each env's own random stream while acting.
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ class DoubleBufferedCollector(Collector):
     def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
         super().__init__(venv, agents, learners, horizon, overlap, act_batch)
-        if not hasattr(venv, "splits"):
+        if not venv.in_workers:
             raise ConfigError("runner.double_buffer: true needs env worker processes (runner.vectorize: subprocess)")
         try:
             self.splits = venv.splits(2)

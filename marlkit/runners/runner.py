@@ -219,7 +219,7 @@ class Runner:
         state = TrainState.from_state_dict(saved)
         self._saved_steps = state.steps
         if with_envs:
-            self.venv.set_state(ckpt["venv"])
+            self.venv.load_state_dict(ckpt["venv"])
         else:
             # a rollout saved beside the last update keeps the observation it ended at, to value its tail
             state.obs = self.venv.reset(seed=self.cfg.seed * 10_000 + state.steps)
@@ -249,7 +249,7 @@ class Runner:
             "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}})
 
     def _save_latest(self, state: TrainState) -> None:
-        self._checkpoint(self.run_dir / "latest.pt", state, self.venv.get_state())
+        self._checkpoint(self.run_dir / "latest.pt", state, self.venv.state_dict())
         self._saved_steps = state.steps
 
     def _save_after_failure(self, state: TrainState) -> str:

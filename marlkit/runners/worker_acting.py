@@ -7,7 +7,7 @@ This process then only merges the blocks and updates; with ``runner.overlap`` th
 the next rollout while it does.
 
 The result is the one acting here gives: every env draws from its own random stream
-(``marlkit/networks/noise.py``) wherever it is acted on, the rollout blocks are joined in env
+(``marlkit/random_streams.py``) wherever it is acted on, the rollout blocks are joined in env
 order, and finished episodes are counted in the order (step, env) they would have ended in here.
 Log-probs and values agree to float rounding (torch rounds a worker's smaller batch otherwise than
 the whole one), and bit for bit with ``runner.act_batch``, whose blocks are the same here and there.

@@ -243,7 +243,7 @@ class RayJobs:
     directories must be on a filesystem every node shares."""
 
     def __init__(self, address: str | None, root: Path):
-        from marlkit.envs.ray_vector import connect
+        from marlkit.envs.ray_cluster import connect
         # the reaper ends a Ray started here with this process, however it ends: it must live as long
         self.connected, self.reaper, self.log = connect(address)
         import ray

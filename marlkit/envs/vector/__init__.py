@@ -1,10 +1,11 @@
 """Vector envs: E copies of a :class:`MultiAgentEnv`, batched to ``[E, A_g, ...]``, with auto-reset.
 
 One idea per module: ``arrays`` (the step's arrays, shared memory), ``state`` (env state for an
-exact resume), ``base`` (what every backend shares), ``sync`` (in this process), ``subprocess``
-(worker processes, and jobs run on their own envs: the runner's acting, ``runner.act_in_workers``);
-``marlkit/envs/ray_vector.py`` is the Ray backend. ``episode_stats`` counts episode returns and
-lengths in a wrapper that the constructors put around whichever backend.
+exact resume), ``base`` (what every backend shares, and what one with env workers can do beside),
+the backends ``sync`` (in this process), ``subprocess`` (worker processes, which also run jobs on
+their own envs: the runner's acting, ``runner.act_in_workers``) and ``ray`` (Ray actors, anywhere
+in a cluster; joining one is ``marlkit/envs/ray_cluster.py``'s). ``episode_stats`` counts episode
+returns and lengths in a wrapper that the constructors put around whichever backend.
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ import functools
 from typing import Callable
 
 from marlkit.envs.core import MultiAgentEnv
-from marlkit.envs.vector.arrays import _Arrays, action_shapes
-from marlkit.envs.vector.base import _LIVE, VectorEnv, _seeds
-from marlkit.envs.vector.episode_stats import EpisodeStatistics, EpisodeStats
+from marlkit.envs.vector.arrays import StepArrays, action_shapes
+from marlkit.envs.vector.base import OPEN_VECTOR_ENVS, VectorEnv, WorkerVectorEnv, env_seeds
+from marlkit.envs.vector.episode_stats import EpisodeCounter, EpisodeStatistics
 from marlkit.envs.vector.state import dumps_state
 from marlkit.envs.vector.subprocess import SubprocVectorEnv, resolve_start_method
 from marlkit.envs.vector.sync import SyncVectorEnv
 
-__all__ = ["EpisodeStatistics", "EpisodeStats", "SubprocVectorEnv", "SyncVectorEnv", "VectorEnv", "action_shapes", "dumps_state",
-           "make_vector_env", "resolve_start_method", "_Arrays", "_LIVE", "_seeds"]
+__all__ = ["OPEN_VECTOR_ENVS", "EpisodeCounter", "EpisodeStatistics", "StepArrays", "SubprocVectorEnv", "SyncVectorEnv",
+           "VectorEnv", "WorkerVectorEnv", "action_shapes", "dumps_state", "env_seeds", "make_vector_env",
+           "resolve_start_method"]
 
 
 def make_vector_env(env_fn: Callable[[int], MultiAgentEnv], num_envs: int, vectorize: str = "sync",

@@ -8,7 +8,7 @@ import numpy as np
 from marlkit.envs.core import EnvSpec, Observation, action_layout, empty_observation, group_arrays
 
 
-class _Arrays:
+class StepArrays:
     """The arrays of one vector step, optionally living in shared memory."""
 
     def __init__(self, spec: EnvSpec, num_envs: int, action_shapes: dict, buffers: dict | None = None):
@@ -41,7 +41,7 @@ class _Arrays:
                       for k in layout}
 
     @classmethod
-    def shared(cls, spec: EnvSpec, num_envs: int, action_shapes: dict) -> "_Arrays":
+    def shared(cls, spec: EnvSpec, num_envs: int, action_shapes: dict) -> "StepArrays":
         plain = cls(spec, num_envs, action_shapes)
         blocks = {k: shared_memory.SharedMemory(create=True, size=max(1, v.nbytes)) for k, v in plain.a.items()}
         arrays = cls(spec, num_envs, action_shapes, blocks)

@@ -8,34 +8,38 @@ import pickle
 import numpy as np
 
 from marlkit.envs.core import EnvSpec, Observation, StepResult, group_arrays
+from marlkit.envs.vector.base import VectorEnv, WorkerVectorEnv
 
 
-class EpisodeStats:
+class EpisodeCounter:
     """Per-env running returns; on episode end, per group the mean over agents of their return
     (agents never present in the episode are left out) and the episode length. Agents whose own
     episode ends while the env goes on (``agent_end``) report theirs at once: per group the mean
-    over those agents, only for the groups they belong to, and their mean length in env steps."""
+    over those agents, only for the groups they belong to, and their mean length in env steps.
+    ``acting``: per group ``[E, A_g]``, the agents acting at the step to come."""
 
-    def __init__(self, spec: EnvSpec, num_envs: int):
+    PER_GROUP = ("returns", "seen", "agent_length", "acting")   # kept per group, [E, A_g] each
+
+    def __init__(self, spec: EnvSpec, acting: dict[str, np.ndarray]):
+        num_envs = len(next(iter(acting.values())))
         self.returns = group_arrays(spec, np.float64, (num_envs,))
         self.seen = group_arrays(spec, bool, (num_envs,))
         self.length = np.zeros(num_envs, np.int64)
         self.agent_length = group_arrays(spec, np.int64, (num_envs,))
+        self.acting = acting
 
-    def add(self, acting_mask: dict, reward: dict) -> None:
+    def add(self, reward: dict) -> None:
         """One step's rewards. Every reward counts, also one that reaches an agent between two of
         its decisions (Unity); an agent that does not act and gets no reward adds 0."""
         self.length += 1
         for g, returns in self.returns.items():
             returns += reward[g]
-            self.seen[g] |= acting_mask[g]
+            self.seen[g] |= self.acting[g]
             self.agent_length[g] += 1
 
-    PER_GROUP = ("returns", "seen", "agent_length")   # accumulators kept per group, [E, A_g] each
-
-    def rows(self, first: int, count: int, view: bool = False) -> "EpisodeStats":
-        """The accumulators of envs ``first .. first + count - 1``: copies, for a worker of those
-        envs, or with ``view`` views, which count into these."""
+    def rows(self, first: int, count: int, view: bool = False) -> "EpisodeCounter":
+        """The counter of envs ``first .. first + count - 1``: copies, for a worker of those envs,
+        or with ``view`` views, which count into this one."""
         part = slice(first, first + count)
         block = copy.copy(self)
         for name in self.PER_GROUP:
@@ -44,14 +48,25 @@ class EpisodeStats:
         return block
 
     @staticmethod
-    def join(parts: list["EpisodeStats"]) -> "EpisodeStats":
-        """The accumulators of consecutive blocks of envs, in env order, as one."""
+    def join(parts: list["EpisodeCounter"]) -> "EpisodeCounter":
+        """The counters of consecutive blocks of envs, in env order, as one."""
         whole = copy.copy(parts[0])
-        for name in EpisodeStats.PER_GROUP:
+        for name in EpisodeCounter.PER_GROUP:
             setattr(whole, name, {g: np.concatenate([getattr(p, name)[g] for p in parts])
                                   for g in getattr(parts[0], name)})
         whole.length = np.concatenate([p.length for p in parts])
         return whole
+
+    def state_dict(self) -> dict:
+        """The counts as plain arrays: ``length`` ``[E]`` and, per group, the ``PER_GROUP`` ones."""
+        return {"length": self.length, **{name: getattr(self, name) for name in self.PER_GROUP}}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> "EpisodeCounter":
+        counter = cls.__new__(cls)
+        for name, value in state.items():
+            setattr(counter, name, value)
+        return counter
 
     def ended(self, episode_end: np.ndarray, agent_end: dict) -> list[dict]:
         """Per env, ``{"episode": {"return": {group: ...}, "length": ...}}`` for an episode that
@@ -91,24 +106,19 @@ class EpisodeStats:
 
 class EpisodeStatistics:
     """A vector env whose ``infos[e]["episode"]`` holds, beside the env's own ``stats``, the
-    episode's ``return`` per group and its ``length`` (``EpisodeStats``), counted here around the
-    backend ``venv``. Everything else is the backend's.
+    episode's ``return`` per group and its ``length`` (``EpisodeCounter``), counted here around the
+    backend ``venv``. What it does not add to, it hands to the backend, one name at a time; what
+    only a backend with env workers can do (``WorkerVectorEnv``) it hands on where ``in_workers``.
 
     Where the backend's env workers host jobs that step their envs themselves (``install_jobs``:
     the workers act), each worker counts its block with a wrapper of its own, handed the rows of
-    the accumulators; a saved state gathers them back, so the saved format is one whatever steps
-    the envs: a run may resume with another vectorisation or worker count."""
+    the counter; a saved state gathers them back, so the saved format is one whatever steps the
+    envs: a run may resume with another vectorisation or worker count."""
 
-    def __init__(self, venv=None):
+    def __init__(self, venv: VectorEnv | None = None):
         self.venv = venv
-        self.stats: EpisodeStats | None = None
-        self.acting: dict[str, np.ndarray] | None = None   # per group, the agents acting at the step to come
+        self.counter: EpisodeCounter | None = None
         self.delegated = False     # the backend's workers count (they host jobs)
-
-    def __getattr__(self, name):
-        if name == "venv":   # not yet set (unpickling)
-            raise AttributeError(name)
-        return getattr(self.venv, name)
 
     def __enter__(self):
         return self
@@ -116,45 +126,88 @@ class EpisodeStatistics:
     def __exit__(self, *exc):
         self.close()
 
+    # ------------------------------------------------------------------ the backend's
+
+    @property
+    def spec(self) -> EnvSpec:
+        return self.venv.spec
+
+    @property
+    def num_envs(self) -> int:
+        return self.venv.num_envs
+
     @property
     def restarts(self) -> int:
         return self.venv.restarts
 
+    def render(self, index: int = 0):
+        return self.venv.render(index)
+
+    def log_to(self, run_dir) -> None:
+        self.venv.log_to(run_dir)
+
+    def close(self) -> None:
+        self.venv.close()
+
+    @property
+    def in_workers(self) -> bool:
+        """Whether the envs live in worker processes (``WorkerVectorEnv``): they can step in parts
+        and host jobs."""
+        return isinstance(self.venv, WorkerVectorEnv)
+
+    @property
+    def workers(self) -> WorkerVectorEnv:
+        """The backend, where ``in_workers``."""
+        if not self.in_workers:
+            raise TypeError(f"{type(self.venv).__name__} holds no env workers (not a WorkerVectorEnv)")
+        return self.venv
+
+    @property
+    def blocks(self) -> list[tuple[int, int]]:
+        return self.workers.blocks
+
+    def splits(self, n: int) -> list[tuple[int, int]]:
+        return self.workers.splits(n)
+
+    def run_jobs(self, args: list, what: str) -> list:
+        return self.workers.run_jobs(args, what)
+
+    # ------------------------------------------------------------------ stepping, counted
+
     def reset(self, seed: int | None = None) -> Observation:
         obs = self.venv.reset(seed=seed)
-        self.stats = EpisodeStats(self.venv.spec, self.venv.num_envs)
-        self.acting = obs.agent_mask
+        self.counter = EpisodeCounter(self.venv.spec, obs.agent_mask)
         return obs
 
     def step(self, actions: dict[str, np.ndarray]) -> StepResult:
         result = self.venv.step(actions)
-        self._count(result, self.stats, self.acting)
-        self.acting = result.next.agent_mask
+        self._count(result, self.counter)
+        self.counter.acting = result.next.agent_mask
         return result
 
     def step_async(self, actions: dict[str, np.ndarray], envs: tuple[int, int]) -> None:
-        """The backend's: start stepping envs ``envs`` = (first, count) alone."""
-        self.venv.step_async(actions, envs)
+        """Start stepping envs ``envs`` = (first, count) alone."""
+        self.workers.step_async(actions, envs)
 
     def step_wait(self, envs: tuple[int, int]) -> StepResult:
-        """The backend's result of envs ``envs``, their episodes counted."""
-        result = self.venv.step_wait(envs)
+        """The result of envs ``envs``, their episodes counted."""
+        result = self.workers.step_wait(envs)
         first, count = envs
-        rows = slice(first, first + count)
-        self._count(result, self.stats.rows(first, count, view=True), {g: m[rows] for g, m in self.acting.items()})
+        self._count(result, self.counter.rows(first, count, view=True))
         # a new dict of new arrays: the old ones are the collector's agent masks too
-        self.acting = {g: m.copy() for g, m in self.acting.items()}
-        for g, m in self.acting.items():
-            m[rows] = result.next.agent_mask[g]
+        acting = {g: m.copy() for g, m in self.counter.acting.items()}
+        for g, m in acting.items():
+            m[first:first + count] = result.next.agent_mask[g]
+        self.counter.acting = acting
         return result
 
     @staticmethod
-    def _count(result: StepResult, stats: EpisodeStats, acting: dict) -> None:
-        """Count ``result``'s rewards in ``stats`` (the accumulators of its envs) and report the
-        episodes that ended in its infos."""
-        stats.add(acting, result.reward)
+    def _count(result: StepResult, counter: EpisodeCounter) -> None:
+        """Count ``result``'s rewards in ``counter`` (that of its envs) and report the episodes that
+        ended in its infos."""
+        counter.add(result.reward)
         if result.episode_end.any() or any(m.any() for m in result.agent_end.values()):
-            for e, info in enumerate(stats.ended(result.episode_end, result.agent_end)):
+            for e, info in enumerate(counter.ended(result.episode_end, result.agent_end)):
                 if info:
                     result.infos[e]["episode"] = {**info["episode"], **result.infos[e].get("episode", {})}
         if result.lost is not None:   # a cut episode is no episode: its return would be partial
@@ -163,50 +216,40 @@ class EpisodeStatistics:
 
     # ------------------------------------------------------------------ workers that count
 
-    def around(self, venv) -> "EpisodeStatistics":
-        """This wrapper (rows of accumulators, from ``rows``) around ``venv``: a worker's envs."""
+    def around(self, venv: VectorEnv) -> "EpisodeStatistics":
+        """This wrapper (the rows of a counter, from ``rows``) around ``venv``: a worker's envs."""
         self.venv = venv
         return self
 
     def rows(self, first: int, count: int) -> "EpisodeStatistics":
-        """A wrapper of no env yet, holding the accumulators of envs ``first .. first + count - 1``."""
+        """A wrapper of no env yet, holding the counter of envs ``first .. first + count - 1``."""
         part = EpisodeStatistics()
-        part.stats = self.stats.rows(first, count)
-        part.acting = {g: m[first:first + count] for g, m in self.acting.items()}
+        part.counter = self.counter.rows(first, count)
         return part
-
-    def accumulators(self) -> tuple:
-        return self.stats, self.acting
-
-    def load_accumulators(self, accumulators: tuple) -> None:
-        self.stats, self.acting = accumulators
 
     def install_jobs(self, jobs: list) -> None:
         """The backend's ``install_jobs``, each worker counting its block from now on."""
-        self.venv.install_jobs(jobs, [self.rows(first, count) for first, count in self.venv.blocks])
+        self.workers.install_jobs(jobs, [self.rows(first, count) for first, count in self.blocks])
         self.delegated = True
 
     # ------------------------------------------------------------------ saved state
 
-    def get_state(self) -> bytes | None:
-        """Every env (one blob each, in env order) and the episode accumulators, for an exact
-        resume; None when an env cannot be pickled."""
-        envs = self.venv.env_states()
+    def state_dict(self) -> bytes | None:
+        """Every env (one blob each, in env order) and the episode counter, for an exact resume;
+        None when an env cannot be pickled."""
+        envs = self.venv.state_dict()
         if any(blob is None for blob in envs):
             return None
         if self.delegated:
-            parts = self.venv.hosted_accumulators()
-            self.stats = EpisodeStats.join([stats for stats, _ in parts])
-            self.acting = {g: np.concatenate([acting[g] for _, acting in parts]) for g in parts[0][1]}
-        return pickle.dumps({"envs": envs, "stats": self.stats, "acting": self.acting})
+            self.counter = EpisodeCounter.join(self.workers.hosted_counters())
+        return pickle.dumps({"envs": envs, "counter": self.counter.state_dict()})
 
-    def set_state(self, blob: bytes) -> None:
+    def load_state_dict(self, blob: bytes) -> None:
         state = pickle.loads(blob)
         if len(state["envs"]) != self.venv.num_envs:
             raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has "
                              f"{self.venv.num_envs}; resume with the same runner.parallels")
-        self.venv.load_env_states(state["envs"])
-        self.stats, self.acting = state["stats"], state["acting"]
+        self.venv.load_state_dict(state["envs"])
+        self.counter = EpisodeCounter.from_state_dict(state["counter"])
         if self.delegated:
-            self.venv.load_hosted_accumulators([self.rows(first, count).accumulators()
-                                                for first, count in self.venv.blocks])
+            self.workers.load_hosted_counters([self.counter.rows(first, count) for first, count in self.blocks])

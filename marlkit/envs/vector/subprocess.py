@@ -23,8 +23,8 @@ import numpy as np
 
 from marlkit.envs.core import EnvWorkerError, Observation, StepResult
 from marlkit.envs.main_guard import check_main_guarded
-from marlkit.envs.vector.arrays import _Arrays, action_shapes
-from marlkit.envs.vector.base import _LIVE, VectorEnv, _seeds
+from marlkit.envs.vector.arrays import StepArrays, action_shapes
+from marlkit.envs.vector.base import OPEN_VECTOR_ENVS, WorkerVectorEnv, env_seeds
 from marlkit.envs.vector.state import dumps_state
 from marlkit.envs.vector.sync import EnvFactory, SyncVectorEnv
 from marlkit.errors import ConfigError
@@ -67,6 +67,87 @@ def _sigterm_handler(parent: int, stopping):
     return handler
 
 
+class _Commands:
+    """What an env worker answers, one method per command the parent sends (``(name, arg)``), each
+    returning the reply. The worker's envs are ``envs`` (``indices`` in the parent's numbering);
+    ``busy`` names the env being worked on, ``ticks`` counts the envs stepped (a job stepping for
+    long is not hung)."""
+
+    def __init__(self, envs: list, indices: list[int], busy: _Current, ticks):
+        self.envs, self.indices, self.busy, self.ticks = envs, indices, busy, ticks
+        self.arrays: StepArrays | None = None
+        # the worker's envs as a vector env of their own, that counted (what the job steps), and the job
+        self.local = self.hosted = self.job = None
+
+    def _on_env(self, i: int | None) -> None:
+        self.busy.set(self.indices[i] if i is not None else None)
+        self.ticks.value += 1
+
+    def attach(self, arg) -> None:
+        names, spec, shapes, num_envs = arg
+        blocks = {k: _attach(n) for k, n in names.items()}
+        self.arrays = StepArrays(spec, num_envs, shapes, blocks)
+        self.arrays.shm = list(blocks.values())
+
+    def reset(self, seeds: list) -> None:
+        for env, e, seed in zip(self.envs, self.indices, seeds):
+            self.busy.set(e)
+            self.arrays.write_obs("next", e, env.reset(seed=seed))
+        self.busy.set(None)
+
+    def step(self, _) -> dict:
+        """-> the ``episode_stats()`` of the envs whose episode ended."""
+        ended = {}
+        for env, e in zip(self.envs, self.indices):
+            self.busy.set(e)
+            ob, reward, terminated, truncated, done = env.step(self.arrays.actions(e))
+            if done:
+                ended[e] = env.episode_stats()
+            self.arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
+        self.busy.set(None)
+        return ended
+
+    def install(self, arg) -> None:
+        self.job, counting = arg   # counting: the episode statistics of these envs, or None
+        self.local = SyncVectorEnv.hosting(self.envs, self._on_env)
+        self.hosted = counting.around(self.local) if counting is not None else self.local
+        self.job.install(self.hosted)
+
+    def run(self, arg):
+        return self.job.run(arg)
+
+    def render(self, index: int):
+        self.busy.set(index)
+        frame = self.envs[self.indices.index(index)].render()
+        self.busy.set(None)
+        return frame
+
+    def state_dict(self, _) -> list:
+        return [dumps_state(env) for env in self.envs]
+
+    def load_state_dict(self, blobs: list) -> None:
+        for env in self.envs:
+            env.close()
+        self.envs = [pickle.loads(blob) for blob in blobs]
+        if self.local is not None:
+            self.local.envs = self.envs
+
+    def counter(self, _):
+        return self.hosted.counter
+
+    def load_counter(self, counter) -> None:
+        self.hosted.counter = counter
+
+    def close(self) -> None:
+        for env in self.envs:
+            try:
+                env.close()
+            except Exception:
+                pass
+        if self.arrays is not None:
+            self.arrays.release(unlink=False)
+
+
 def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inherited: list) -> None:
     # The parent owns Ctrl+C and SIGTERM to the group: it stops the workers in order.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -76,78 +157,23 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
     # Connection objects, which then cannot close a later file that reuses the number)
     for parent_end in inherited:
         parent_end.close()
-    envs: list = []
-    arrays = None
-    # the worker's envs as a vector env of their own, that counted (what the job steps), and the job
-    local = hosted = job = None
-    busy = _Current(busy)
-
-    def on_env(i: int | None) -> None:
-        busy.set(indices[i] if i is not None else None)
-        ticks.value += 1
-
+    commands = _Commands([], indices, _Current(busy), ticks)
     try:
         for i, fn in zip(indices, env_fns):
-            busy.set(i)
-            envs.append(fn())
-        busy.set(None)
-        conn.send(("ok", envs[0].spec))
+            commands.busy.set(i)
+            commands.envs.append(fn())
+        commands.busy.set(None)
+        conn.send(("ok", commands.envs[0].spec))
         while True:
             try:
-                cmd, arg = conn.recv()
+                name, arg = conn.recv()
             except (EOFError, OSError):  # the parent is gone
                 break
-            if cmd == "attach":
-                names, spec, shapes, num_envs = arg
-                blocks = {k: _attach(n) for k, n in names.items()}
-                arrays = _Arrays(spec, num_envs, shapes, blocks)
-                arrays.shm = list(blocks.values())
-                conn.send(("ok", None))
-            elif cmd == "reset":
-                for env, e, s in zip(envs, indices, arg):
-                    busy.set(e)
-                    arrays.write_obs("next", e, env.reset(seed=s))
-                busy.set(None)
-                conn.send(("ok", None))
-            elif cmd == "step":
-                ended = {}
-                for env, e in zip(envs, indices):
-                    busy.set(e)
-                    ob, reward, terminated, truncated, done = env.step(arrays.actions(e))
-                    if done:
-                        ended[e] = env.episode_stats()
-                    arrays.write_step(e, ob, reward, terminated, truncated, done, env.reset() if done else None)
-                busy.set(None)
-                conn.send(("ok", ended))
-            elif cmd == "install":
-                job, counting = arg   # counting: the episode statistics of these envs, or None
-                local = SyncVectorEnv.hosting(envs, on_env)
-                hosted = counting.around(local) if counting is not None else local
-                job.install(hosted)
-                conn.send(("ok", None))
-            elif cmd == "run":
-                # a plain pickle: torch's reductions for this pipe would send tensors as file descriptors
-                conn.send_bytes(pickle.dumps(("ok", job.run(arg)), pickle.HIGHEST_PROTOCOL))
-            elif cmd == "render":
-                busy.set(arg)
-                conn.send(("ok", envs[indices.index(arg)].render()))
-                busy.set(None)
-            elif cmd == "get_state":
-                conn.send(("ok", [dumps_state(env) for env in envs]))
-            elif cmd == "set_state":
-                for env in envs:
-                    env.close()
-                envs = [pickle.loads(blob) for blob in arg]
-                if local is not None:
-                    local.envs = envs
-                conn.send(("ok", None))
-            elif cmd == "get_accumulators":
-                conn.send(("ok", hosted.accumulators()))
-            elif cmd == "set_accumulators":
-                hosted.load_accumulators(arg)
-                conn.send(("ok", None))
-            elif cmd == "close":
+            if name == "close":
                 break
+            reply = getattr(commands, name)(arg)
+            # a plain pickle: torch's reductions for this pipe would send a job's tensors as file descriptors
+            conn.send_bytes(pickle.dumps(("ok", reply), pickle.HIGHEST_PROTOCOL))
     except (KeyboardInterrupt, SystemExit):
         pass
     except BaseException as exc:
@@ -155,24 +181,19 @@ def _worker(conn, env_fns: list, indices: list[int], busy, ticks, stopping, inhe
         # parent as itself, not as a worker failure with a traceback
         config_error = exc if isinstance(exc, ConfigError) else None
         try:
-            conn.send(("error", (busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc(), config_error)))
+            conn.send(("error", (commands.busy.get(), f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                                 config_error)))
         except (BrokenPipeError, OSError):
             pass
     finally:
-        for env in envs:
-            try:
-                env.close()
-            except Exception:
-                pass
-        if arrays is not None:
-            arrays.release(unlink=False)
+        commands.close()
         conn.close()
 
 
 STARTING = ("creating the env", "installing a job")   # what runner.worker_start_timeout bounds
 
 
-class SubprocVectorEnv(VectorEnv):
+class SubprocVectorEnv(WorkerVectorEnv):
     """Envs spread over ``num_workers`` processes (each hosts ``E / num_workers`` envs in turn, in
     whole blocks of ``align`` consecutive envs: a job acting on blocks of that many envs then acts on
     the blocks it would act on over all the envs)."""
@@ -195,7 +216,7 @@ class SubprocVectorEnv(VectorEnv):
         ctx = mp.get_context(start_method)
         self.conns, self.procs, self.busy, self.ticks, self.pollers = [], [], [], [], []
         self.stopping = ctx.RawValue("b", 0)   # set before the workers are terminated (_sigterm_handler)
-        _LIVE.add(self)
+        OPEN_VECTOR_ENVS.add(self)
         try:
             for idx in self.indices:
                 parent, child = ctx.Pipe()
@@ -218,7 +239,7 @@ class SubprocVectorEnv(VectorEnv):
             specs = self._gather(range(num_workers), "creating the env", start_timeout)
             self.spec = specs[0]
             shapes = action_shapes(self.spec)
-            self.arrays = _Arrays.shared(self.spec, self.num_envs, shapes)
+            self.arrays = StepArrays.shared(self.spec, self.num_envs, shapes)
             self._broadcast("attach", (self.arrays.names, self.spec, shapes, self.num_envs))
             self._gather(range(num_workers), "attaching shared memory")
         except BaseException:
@@ -290,7 +311,7 @@ class SubprocVectorEnv(VectorEnv):
                 raise EnvWorkerError(f"the worker of {self._describe(w)} is gone (sending {cmd!r})")
 
     def reset(self, seed: int | None = None) -> Observation:
-        seeds = _seeds(seed, self.num_envs)
+        seeds = env_seeds(seed, self.num_envs)
         self._broadcast("reset", per_worker=[[seeds[i] for i in idx] for idx in self.indices])
         self._gather(range(len(self.conns)), "resetting")
         return self.arrays.observation("next")
@@ -368,8 +389,8 @@ class SubprocVectorEnv(VectorEnv):
         self._broadcast("run", per_worker=args)
         return self._gather(range(len(self.conns)), what, progress=True)
 
-    def env_states(self) -> list[bytes | None]:
-        self._broadcast("get_state")
+    def state_dict(self) -> list[bytes | None]:
+        self._broadcast("state_dict")
         per_worker = self._gather(range(len(self.conns)), "saving env state")
         blobs: list[bytes | None] = [None] * self.num_envs
         for idx, worker_blobs in zip(self.indices, per_worker):
@@ -377,17 +398,16 @@ class SubprocVectorEnv(VectorEnv):
                 blobs[i] = blob
         return blobs
 
-    def load_env_states(self, blobs: list[bytes]) -> None:
-        self._broadcast("set_state", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
+    def load_state_dict(self, blobs: list[bytes]) -> None:
+        self._broadcast("load_state_dict", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
         self._gather(range(len(self.conns)), "restoring env state")
 
-    def hosted_accumulators(self) -> list:
-        """Per worker hosting a job, the episode accumulators its vector env keeps (``counting``)."""
-        self._broadcast("get_accumulators")
+    def hosted_counters(self) -> list:
+        self._broadcast("counter")
         return self._gather(range(len(self.conns)), "saving episode statistics")
 
-    def load_hosted_accumulators(self, parts: list) -> None:
-        self._broadcast("set_accumulators", per_worker=parts)
+    def load_hosted_counters(self, counters: list) -> None:
+        self._broadcast("load_counter", per_worker=counters)
         self._gather(range(len(self.conns)), "restoring episode statistics")
 
     def close(self, grace: float | None = None) -> None:
@@ -396,7 +416,7 @@ class SubprocVectorEnv(VectorEnv):
         if self.closed:
             return
         self.closed = True
-        _LIVE.discard(self)
+        OPEN_VECTOR_ENVS.discard(self)
         for conn in self.conns:
             try:
                 conn.send(("close", None))

@@ -7,8 +7,8 @@ from typing import Callable
 import numpy as np
 
 from marlkit.envs.core import MultiAgentEnv, Observation, StepResult
-from marlkit.envs.vector.arrays import _Arrays, action_shapes
-from marlkit.envs.vector.base import VectorEnv, _seeds
+from marlkit.envs.vector.arrays import StepArrays, action_shapes
+from marlkit.envs.vector.base import VectorEnv, env_seeds
 from marlkit.envs.vector.state import dumps_state
 
 EnvFactory = Callable[[], MultiAgentEnv]
@@ -39,11 +39,11 @@ class SyncVectorEnv(VectorEnv):
     def _set_up(self, on_env: Callable[[int | None], None] | None = None) -> None:
         self.spec = self.envs[0].spec
         self.num_envs = len(self.envs)
-        self.arrays = _Arrays(self.spec, self.num_envs, action_shapes(self.spec))
+        self.arrays = StepArrays(self.spec, self.num_envs, action_shapes(self.spec))
         self._on_env = on_env
 
     def reset(self, seed: int | None = None) -> Observation:
-        for e, (env, s) in enumerate(zip(self.envs, _seeds(seed, self.num_envs))):
+        for e, (env, s) in enumerate(zip(self.envs, env_seeds(seed, self.num_envs))):
             self.arrays.write_obs("next", e, env.reset(seed=s))
         return self.arrays.observation("next")
 
@@ -64,10 +64,10 @@ class SyncVectorEnv(VectorEnv):
     def render(self, index: int = 0):
         return self.envs[index].render()
 
-    def env_states(self) -> list[bytes | None]:
+    def state_dict(self) -> list[bytes | None]:
         return [dumps_state(env) for env in self.envs]
 
-    def load_env_states(self, blobs: list[bytes]) -> None:
+    def load_state_dict(self, blobs: list[bytes]) -> None:
         for env in self.envs:
             env.close()
         self.envs = [pickle.loads(blob) for blob in blobs]

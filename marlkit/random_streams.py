@@ -1,4 +1,4 @@
-"""The random numbers that sampling actions draws.
+"""The random streams acting draws from, one per env, and the noise sources distributions sample with.
 
 Acting draws from :class:`EnvStreams`: one stream per env, so that what the agents of env ``e`` draw
 depends on the seed, on ``e`` and on how much env ``e`` drew before, and not on which envs are
