@@ -10,8 +10,8 @@ RSS grows a little (605 -> 646 MB there): freed blocks stay mapped, and are reus
 Those settings hold for glibc's main arena. A second thread (the learner beside collection,
 ``runner.overlap``) gets an arena of its own, whose heaps are mapped and unmapped whole as they fill
 and empty, and whose allocations larger than a heap (64 MB) are always mapped: the same churn again
-(measured on battle with a CNN: 10.1 of 37.8 s in the kernel, 5.15 million minor faults, overlap
-slower than without it). One arena for the whole process keeps every thread's memory the main
+(on battle with a CNN a third of the run went to page faults in the kernel, and overlap was slower
+than without it, docs/benchmarks.md). One arena for the whole process keeps every thread's memory the main
 arena's way. glibc fixes the number of arenas when a thread first allocates beside the main one,
 so this is done before any other thread runs: by the marlkit program and ``marlkit.run`` first
 thing, and by the runner again for other callers.

@@ -133,10 +133,4 @@ def run(agent: str | None = None, env: str | None = None, mode: str | None = Non
 
 
 def run_config(cfg) -> RunResult:
-    run_dir = Path(cfg.resume) if cfg.resume else None
-    runner = Runner(cfg, run_dir)
-    if cfg.mode == "test":
-        return runner.test()
-    if cfg.mode == "benchmark":
-        return runner.benchmark()
-    return runner.train()
+    return Runner(cfg, Path(cfg.resume) if cfg.resume else None).run()

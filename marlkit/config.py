@@ -126,9 +126,9 @@ class RunnerConfig:
     def settle_update_bound(self) -> None:
         """Resolve, for a run that learns with convolutions (``Encoder.update_bound``), what its
         config leaves null: ``overlap`` off and ``update_threads`` 2. Each rollout is then collected
-        on both cores and updated on both, which measured 1.26x as fast as a one-thread update beside
-        collection on battle with a cnn actor and 1.10x on cooperative_pong (docs/benchmarks.md).
-        From the config alone, never from timing: the count decides the update's bits."""
+        on both cores and updated on both, faster than a one-thread update beside collection where
+        convolutions bound the update (docs/benchmarks.md, "The update on both cores"). From the
+        config alone, never from timing: the count decides the update's bits."""
         if self.overlap is None:
             self.overlap = False
         if self.update_threads is None and not self.overlap and self.torch_threads == 1:
@@ -153,7 +153,8 @@ class RunnerConfig:
             return self.envs_in_processes() and not self.double_buffer
         return self.act_in_workers
 
-    def check(self, device: str) -> None:
+    def check(self) -> None:
+        """Refuse runner settings that contradict each other."""
         if self.double_buffer and not (self.envs_in_processes() and self.parallels > 1 and self.workers != 1):
             raise ConfigError(
                 f"runner.double_buffer: true steps two parts of the envs in env worker processes by turns, but "
@@ -502,7 +503,7 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
     if not isinstance(agents_section, dict):
         raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
     cfg = build(RunConfig, data)
-    cfg.runner.check(cfg.device)
+    cfg.runner.check()
     if cfg.render and cfg.mode != "test":
         raise ConfigError("--render records the test episodes of a checkpoint, one video each: use it with "
                           "--test --load CKPT (training and --benchmark record no video)")

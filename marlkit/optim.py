@@ -1,9 +1,9 @@
 """Adam and gradient-norm clipping, each a few calls of PyTorch's fused kernels.
 
 ``torch.optim.Adam`` wraps its methods to keep PyTorch's compiler out of them, and so imports the
-compiler package (``torch._dynamo``, about 0.9 s of CPU) when the first optimiser is built; with
-``clip_grad_norm_`` it also spends about twice the time of these per gradient step (MAPPO's 24
-parameters: 0.24 against 0.13 ms, where a small policy's whole step takes about 4 ms). marlkit
+compiler package (``torch._dynamo``, a second of CPU) when the first optimiser is built; with
+``clip_grad_norm_`` it also spends about twice the time of these per gradient step, a share a
+small policy notices. marlkit
 compiles nothing, so its agents step with these instead. They call the same kernels, in the same
 order and with the same arguments, as ``torch.optim.Adam(..., fused=True)`` and
 ``torch.nn.utils.clip_grad_norm_`` do on CPU tensors, so they give the same bits

@@ -1,6 +1,6 @@
 """The precision of an update's forward passes (an agent's ``precision``): float32, or bfloat16
 under torch's autocast with float32 weights, gradients and optimiser state. bfloat16 pays where the
-device computes it natively; a CPU without AVX512-BF16 or AMX emulates it, 1.7-14x slower than
+device computes it natively; a CPU without AVX512-BF16 or AMX emulates it, many times slower than
 float32 (docs/benchmarks.md, "The update in bfloat16")."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def loss_precision(device: torch.device, precision: str):
     """The context a loss's forward passes run in: ``float32`` as built, or ``bfloat16``, where
     torch's autocast runs the convolutions and matmuls in bfloat16 while weights, gradients, Adam's
     moments and the action distributions (``ActionHead``) stay float32. On a CPU with bfloat16
-    instructions (AVX512-BF16 or AMX) a convolutional update runs 1.2-1.9x faster
-    (docs/benchmarks.md); where it has none, oneDNN emulates them, 1.7-14x slower than float32."""
+    instructions (AVX512-BF16 or AMX) a convolutional update runs faster; where it has none, oneDNN
+    emulates them, many times slower than float32 (docs/benchmarks.md)."""
     if precision != "bfloat16":
         return contextlib.nullcontext()
     if device.type == "cpu":
@@ -31,8 +31,8 @@ def update_precision(precision: str, device: torch.device) -> str:
     """``precision`` as an update on ``device`` runs it: ``auto`` is bfloat16 on a CPU that computes
     it natively (AVX512-BF16 or AMX), else float32, GPUs included: there marlkit's small networks
     are bound by kernel launches, not arithmetic, and autocast's casts add launches (on an H200 the
-    bfloat16 update of battle-CNN and doom_coop took 1.06-1.5x float32's time at every rollout size
-    measured, docs/benchmarks.md)."""
+    bfloat16 update of battle-CNN and doom_coop was slower than float32's at every rollout size,
+    docs/benchmarks.md)."""
     if precision != "auto":
         return precision
     return "bfloat16" if device.type == "cpu" and cpu_has_bfloat16() else "float32"

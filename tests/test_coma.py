@@ -10,7 +10,7 @@ from conftest import learn_from
 from marlkit.agents.coma import COMA, counterfactual_advantage
 from marlkit.errors import CheckpointMismatchError
 from marlkit.storage import Bootstrap, Transition
-from marlkit.storage.returns import td_lambda_targets
+from marlkit.storage.returns import compute_gae
 from marlkit.api import build_config
 from marlkit.config import ConfigError
 from marlkit.envs.factory import make_env_vector
@@ -39,7 +39,7 @@ def _scripted(n_envs, horizon, **overrides):
 # ---------------------------------------------------------------------- the maths, by hand
 
 
-def test_td_lambda_targets_match_a_hand_computed_example():
+def test_gae_returns_are_the_td_lambda_targets_of_a_hand_computed_example():
     gamma, lam = 0.9, 0.5
     # envs: 0 no cut, 1 terminated after t=1, 2 truncated after t=1 (final worth 10);
     # agent 1 is absent at t=1 in every env (its Q there is garbage and must not matter)
@@ -55,7 +55,7 @@ def test_td_lambda_targets_match_a_hand_computed_example():
     truncation_value = np.zeros((3, 3, 2), np.float32)
     truncation_value[1, 2] = 10.0
     last = np.full((3, 2), 2.0, np.float32)
-    g = td_lambda_targets(reward, q, terminated, truncated, episode_end, mask, truncation_value, last, gamma, lam)
+    _, g = compute_gae(reward, q, terminated, truncated, episode_end, mask, truncation_value, last, gamma, lam)
     # G_t = r_t + gamma ((1 - lam) Q_{t+1} + lam G_{t+1}); G_T = Q_T = 2
     g2 = 3 + 0.9 * 2.0                                       # 4.8
     expected_agent0 = {0: [1 + 0.9 * (0.5 * 1.0 + 0.5 * (2 + 0.9 * (0.5 * 1.5 + 0.5 * g2))),

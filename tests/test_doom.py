@@ -374,7 +374,7 @@ def test_every_env_of_two_vector_envs_runs_on_its_own_port():
     cfg = replace(resolve("MAPPO", "doom_coop").env, resize=[30, 40], frame_stack=1, **SHORT)
     venvs = [make_env_vector(cfg, RunnerConfig(vectorize="sync"), 2) for _ in range(2)]
     try:
-        raws = [doom_of(e) for v in venvs for e in v.envs]
+        raws = [doom_of(e) for v in venvs for e in v.venv.envs]
         ports = [r.match.current_port for r in raws]
         assert len(set(ports)) == 4 and None not in ports
         assert [r.index for r in raws] == [0, 1, 0, 1]

@@ -423,7 +423,7 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
     cfg = UnityConfig(file_name=STANDIN, timeout_wait=20, additional_args=["--tag", tag])
     venv = make_env_vector(cfg, RunnerConfig(parallels=2, vectorize="sync"))
     try:
-        ports = sorted(env.port for env in venv.envs)
+        ports = sorted(env.port for env in venv.venv.envs)
         assert len(set(ports)) == 2 and len(standin_pids(tag)) == 2
         args = [_cmdline(pid).split(b"\0") for pid in standin_pids(tag)]
         launched = sorted(int(a[a.index(b"--mlagents-port") + 1]) for a in args)
@@ -439,7 +439,7 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
                                        no_graphics=False, additional_args=["--tag", tag]),
                            RunnerConfig(parallels=2, vectorize="sync"))
     try:
-        assert [env.port for env in venv.envs] == [base + 1, base + 2]
+        assert [env.port for env in venv.venv.envs] == [base + 1, base + 2]
         args = [_cmdline(pid).split(b"\0") for pid in standin_pids(tag)]
         assert len(args) == 2 and not any(b"-nographics" in a or b"-batchmode" in a for a in args)
     finally:

@@ -172,7 +172,7 @@ def _forward_view(reward, next_value, continues, length, gamma, lam):
 def test_td_lambda_targets_are_the_lambda_returns_of_each_episode(lam):
     """Episodes of 5 and 3 steps in one batch (padding after the second), one cut by a termination:
     every taken step's target equals the forward-view lambda-return; lam 0 is the one-step target."""
-    from marlkit.agents.value_decomposition import lambda_returns
+    from marlkit.storage.returns import lambda_returns
 
     g = torch.Generator().manual_seed(0)
     reward, next_value = torch.rand(5, 2, generator=g), torch.rand(5, 2, generator=g)

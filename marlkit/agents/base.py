@@ -5,7 +5,7 @@ An agent controls one group of agents. The runner and its collector use it throu
 - ``act(obs, state, agent_mask, action_mask, hidden, explore, progress)`` -> :class:`ActOut`;
 - ``make_storage(layout)``: the storage its family learns from (a rollout learned from once, or a
   replay of episodes), which the collector fills and turns into a batch at each rollout boundary;
-- ``schedule``: when it learns (on-policy or not, env steps before the first update);
+- ``schedule``: when it learns (env steps before the first update);
 - ``update(batch, progress)`` -> metrics, on what the storage gave;
 - ``snapshot(first_env, num_envs)``, ``policy_state()`` / ``load_policy_state()``: an acting copy
   (the policy the collector, an env worker or Ray's driver acts with) and the weights that bring it
@@ -30,7 +30,7 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
-from marlkit.config import ModelConfig, to_plain
+from marlkit.config import ModelConfig, RunnerConfig, to_plain
 from marlkit.errors import CheckpointMismatchError, ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.random_streams import EnvStreams
@@ -80,15 +80,11 @@ class Progress:
 
 @dataclass(frozen=True)
 class Schedule:
-    """When an agent learns, from its config. ``on_policy``: it learns from the rollout its current
-    policy collected, once (with ``runner.overlap``, one update old); otherwise from a replay of all
-    it collected. The runner updates once per rollout (``runner.horizon`` steps of every env),
-    from ``learning_starts`` env steps on; before that, rollouts only fill the storage.
-    ``gradient_steps`` says how many gradient steps an update takes, for the docs and logs."""
+    """When an agent learns, from its config: the runner updates it once per rollout
+    (``runner.horizon`` steps of every env), from ``learning_starts`` env steps on; before that,
+    rollouts only fill its storage."""
 
-    on_policy: bool
     learning_starts: int = 0
-    gradient_steps: str = ""
 
 
 class Agent:
@@ -119,7 +115,7 @@ class Agent:
     # ------------------------------------------------------------------ before anything starts
 
     @classmethod
-    def check_config(cls, cfg, runner, key: str) -> None:
+    def check_config(cls, cfg, rc: RunnerConfig, key: str) -> None:
         """Reject settings that cannot work, before any env starts; ``key`` is where ``cfg`` sits
         in the run config (``agents.MAPPO``), for the message."""
 
@@ -145,7 +141,7 @@ class Agent:
     @classmethod
     def schedule_of(cls, cfg) -> Schedule:
         """The schedule ``cfg`` declares (a classmethod: the runner reads it before agents exist)."""
-        return Schedule(on_policy=True)
+        return Schedule()
 
     @property
     def schedule(self) -> Schedule:

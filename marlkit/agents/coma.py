@@ -27,11 +27,12 @@ from torch import nn
 from marlkit.agents.base import require_discrete
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.agents.shared_actor import SharedActor
+from marlkit.config import RunnerConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.coma_critic import COMACritic
 from marlkit.networks.mlp import flat_size
 from marlkit.registry import get_model, register_agent
-from marlkit.storage.returns import last_present_value, td_lambda_targets
+from marlkit.storage.returns import compute_gae, last_present_value
 
 
 @dataclass
@@ -98,8 +99,8 @@ class COMA(OnPolicyAgent):
         require_discrete(cls.registered_name, group)
 
     @classmethod
-    def check_config(cls, cfg: COMAConfig, runner, key: str) -> None:
-        super().check_config(cfg, runner, key)
+    def check_config(cls, cfg: COMAConfig, rc: RunnerConfig, key: str) -> None:
+        super().check_config(cfg, rc, key)
         for role in ("actor", "critic"):
             name = getattr(cfg, role).name
             if get_model(name).is_recurrent:
@@ -180,9 +181,11 @@ class COMA(OnPolicyAgent):
         taken actions, for ``value_clip``); updates the value normaliser with the returns."""
         rollout, cfg = batch.rollout, self.cfg
         T, E = rollout.horizon, rollout.num_envs
-        returns = td_lambda_targets(rollout.reward, rollout.value, rollout.terminated, rollout.truncated,
-                                    rollout.episode_end, rollout.agent_mask, truncation_value, last_value, cfg.gamma,
-                                    cfg.gae_lambda)
+        # GAE's returns over the Q-values of the actions taken are their TD(lambda) targets
+        # (A_t + Q_t = G_t), masks and cuts handled as for any on-policy agent
+        _, returns = compute_gae(rollout.reward, rollout.value, rollout.terminated, rollout.truncated,
+                                 rollout.episode_end, rollout.agent_mask, truncation_value, last_value, cfg.gamma,
+                                 cfg.gae_lambda)
         flat = lambda x: x.reshape(T * E, *x.shape[2:])  # noqa: E731
         q = self.q_values("critic", flat(rollout.state), flat(rollout.obs), flat(rollout.actions),
                           flat(rollout.agent_mask))

@@ -10,6 +10,7 @@ from torch import nn
 
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.agents.shared_actor import SharedActor
+from marlkit.config import RunnerConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.base import Encoder
 from marlkit.networks.heads import SharedValueHead
@@ -76,8 +77,8 @@ class MAPPO(OnPolicyAgent):
         return choice
 
     @classmethod
-    def check_config(cls, cfg, runner, key: str) -> None:
-        super().check_config(cfg, runner, key)
+    def check_config(cls, cfg, rc: RunnerConfig, key: str) -> None:
+        super().check_config(cfg, rc, key)
         unshared = getattr(cfg, "critic_encoder_grad", None) is not None and cls._no_shared_encoder(cfg, key)
         if unshared:
             why, fix = unshared

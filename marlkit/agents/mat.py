@@ -23,6 +23,7 @@ from gymnasium import spaces
 from torch import nn
 
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
+from marlkit.config import RunnerConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.distributions import ActionHead
 from marlkit.networks.mlp import flat_size
@@ -76,7 +77,7 @@ class MAT(OnPolicyAgent):
         return False   # the global state is never read
 
     @classmethod
-    def check_config(cls, cfg: MATConfig, runner, key: str) -> None:
+    def check_config(cls, cfg: MATConfig, rc: RunnerConfig, key: str) -> None:
         defaults = MATConfig()
         for f in fields(OnPolicyConfig):
             if f.name in _NOT_USED and getattr(cfg, f.name) != getattr(defaults, f.name):

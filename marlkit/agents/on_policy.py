@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from marlkit.agents.base import ActOut, Agent, Progress, Schedule
+from marlkit.agents.base import ActOut, Agent, Progress
 from marlkit.agents.losses import masked_mean, ppo_policy_loss, value_loss
-from marlkit.config import ModelConfig, _range
+from marlkit.config import ModelConfig, RunnerConfig, _range
 from marlkit.errors import ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.random_streams import GeneratorNoise, StreamNoise
@@ -58,10 +58,9 @@ class OnPolicyConfig:
     chunk_length: Optional[int] = field(default=None, metadata=_range(1))
     log_std_init: float = -0.5
     # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
-    # gradients and the optimiser stay float32; marlkit/precision.py): a convolutional
-    # update 1.2-1.9x faster on a CPU with bfloat16 instructions, 8-14x slower on one without
-    # (docs/benchmarks.md); auto: bfloat16 where the device computes it natively, else float32;
-    # acting stays float32
+    # gradients and the optimiser stay float32; marlkit/precision.py): a convolutional update is
+    # faster on a CPU with bfloat16 instructions, much slower on one without (docs/benchmarks.md);
+    # auto: bfloat16 where the device computes it natively, else float32; acting stays float32
     precision: Literal["float32", "bfloat16", "auto"] = "float32"
     actor: ModelConfig = field(default_factory=ModelConfig)
     critic: ModelConfig = field(default_factory=ModelConfig)
@@ -96,7 +95,7 @@ class OnPolicyAgent(Agent):
         self.modules.to(self.device)
         self.optimizer = Adam(self.param_groups(), eps=1e-5)
         self.precision = update_precision(cfg.precision, self.device)
-        self._clipped = list(self.modules.parameters())   # walking the module tree costs ~1% of a small update
+        self._clipped = list(self.modules.parameters())   # walked once, not per gradient step
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
@@ -134,7 +133,7 @@ class OnPolicyAgent(Agent):
                               (*shrink, "runner.overlap: false") if layout.double else shrink)
 
     @classmethod
-    def check_config(cls, cfg: OnPolicyConfig, runner, key: str) -> None:
+    def check_config(cls, cfg: OnPolicyConfig, rc: RunnerConfig, key: str) -> None:
         recurrent = []
         for role in ("actor", "critic"):
             model = getattr(cfg, role)
@@ -144,16 +143,12 @@ class OnPolicyAgent(Agent):
             if model_cls.is_recurrent:
                 recurrent.append((role, model.rnn_hidden))
         if recurrent:
-            chunk = cfg.chunk_length or runner.horizon
-            if runner.horizon % chunk:
-                raise ConfigError(f"{key}.chunk_length={chunk} must divide runner.horizon={runner.horizon}")
+            chunk = cfg.chunk_length or rc.horizon
+            if rc.horizon % chunk:
+                raise ConfigError(f"{key}.chunk_length={chunk} must divide runner.horizon={rc.horizon}")
         if len({size for _, size in recurrent}) > 1:
             raise ConfigError(f"{key}: a recurrent actor and critic need the same rnn_hidden, got "
                               + " and ".join(f"{role}.rnn_hidden={size}" for role, size in recurrent))
-
-    @classmethod
-    def schedule_of(cls, cfg) -> Schedule:
-        return Schedule(on_policy=True, gradient_steps=f"{cfg.epochs} epochs of {cfg.minibatches} minibatch(es)")
 
     # ------------------------------------------------------------------ for subclasses
 

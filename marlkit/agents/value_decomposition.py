@@ -30,12 +30,13 @@ from torch import nn
 from marlkit.agents.base import require_discrete, ActOut, Agent, Progress, Schedule
 from marlkit.agents.on_policy import known_model
 from marlkit.agents.shared_actor import SharedActor
-from marlkit.config import ModelConfig, _range
+from marlkit.config import ModelConfig, RunnerConfig, _range
 from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import RunningMeanStd
 from marlkit.optim import Adam, gradient_step
 from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
+from marlkit.storage.returns import lambda_returns
 
 
 @dataclass
@@ -58,8 +59,7 @@ class ValueDecompositionConfig:
     double_q: bool = True
     # TD(lambda) targets over each replayed episode (pymarl2's 0.6), which carry a sparse reward back
     # through an episode in one update; 0: one-step targets (EPyMARL's). The one default changed
-    # from EPyMARL's: on LBF, QMIX's greedy return after 2M env steps was 3x the one-step targets'
-    # (docs/benchmarks.md)
+    # from EPyMARL's: on LBF, QMIX learned far more with it (docs/benchmarks.md)
     td_lambda: float = field(default=0.6, metadata=_range(0.0, 1.0))
     max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
     use_agent_id: bool = True
@@ -67,27 +67,6 @@ class ValueDecompositionConfig:
     # rewards as (r - mean) / std of all rewards replayed so far (EPyMARL's standardise_rewards)
     standardise_rewards: bool = True
     q: ModelConfig = field(default_factory=ModelConfig)
-
-
-def lambda_returns(reward: torch.Tensor, next_value: torch.Tensor, continues: torch.Tensor, has_next: torch.Tensor,
-                   gamma: float, lam: float) -> torch.Tensor:
-    """Targets ``[L, B, ...]`` for the values taken along whole episodes: G_t = r_t + gamma c_t
-    ((1 - lam) V_{t+1} + lam G_{t+1}), with V_{t+1} the target network's value of the next step
-    (``next_value``), c_t 0 where step t ended the return, and V_{t+1} alone where step t + 1 was
-    not taken (``has_next`` ``[L - 1, B, ...]`` False: the episode's end, an absent agent). With
-    ``lam`` 0 it is the one-step target r_t + gamma c_t V_{t+1}."""
-    if lam == 0.0:
-        return reward + gamma * continues * next_value
-    # G_t = own_t + carry_t G_{t+1}: a linear recurrence, two operations per step
-    taken = torch.cat([has_next.to(reward.dtype), torch.zeros_like(reward[:1])])
-    carry = gamma * continues * lam * taken
-    own = reward + gamma * continues * next_value * (1.0 - lam * taken)
-    targets = torch.empty_like(reward)
-    after = torch.zeros_like(reward[0])
-    for t in reversed(range(len(reward))):
-        after = own[t] + carry[t] * after
-        targets[t] = after
-    return targets
 
 
 class ValueDecompositionAgent(Agent):
@@ -124,7 +103,7 @@ class ValueDecompositionAgent(Agent):
         require_discrete(cls.registered_name, group)
 
     @classmethod
-    def check_config(cls, cfg: ValueDecompositionConfig, runner, key: str) -> None:
+    def check_config(cls, cfg: ValueDecompositionConfig, rc: RunnerConfig, key: str) -> None:
         known_model(cfg.q.name, f"{key}.q.name")
         if "encoder" in cfg.q.kwargs:
             known_model(cfg.q.kwargs["encoder"], f"{key}.q.kwargs.encoder")
@@ -134,9 +113,7 @@ class ValueDecompositionAgent(Agent):
 
     @classmethod
     def schedule_of(cls, cfg: ValueDecompositionConfig) -> Schedule:
-        return Schedule(on_policy=False, learning_starts=cfg.learning_starts,
-                        gradient_steps=f"{cfg.gradient_steps_per_episode:g} per new episode, on {cfg.batch_size} "
-                                       "episodes each")
+        return Schedule(learning_starts=cfg.learning_starts)
 
     @classmethod
     def memory_estimate(cls, layout: StorageLayout, cfg: ValueDecompositionConfig, key: str = "") -> MemoryEstimate:

@@ -36,15 +36,15 @@ class _EnvBuilder:
         return make_env(self.cfg, render=self.render, index=index)
 
 
-def make_env_vector(cfg: EnvConfig, runner: RunnerConfig, num_envs: int | None = None,
+def make_env_vector(cfg: EnvConfig, rc: RunnerConfig, num_envs: int | None = None,
                     render: bool = False, first_index: int = 0) -> EpisodeStatistics:
     """``first_index``: the index of the first env, so that two vector envs open at once (training
     and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
-    if runner.vectorize == "ray":
+    if rc.vectorize == "ray":
         from marlkit.envs.vector.ray import make_ray_vector_env
-        return make_ray_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.workers,
-                                   runner.ray_cpus_per_worker, runner.ray_address, runner.worker_timeout,
-                                   runner.worker_start_timeout, runner.ray_max_restarts, first_index)
-    return make_vector_env(_EnvBuilder(cfg, render), num_envs or runner.parallels, runner.vectorize,
-                           runner.workers, runner.worker_timeout, runner.start_method,
-                           runner.worker_start_timeout, first_index, runner.act_batch or 1)
+        return make_ray_vector_env(_EnvBuilder(cfg, render), num_envs or rc.parallels, rc.workers,
+                                   rc.ray_cpus_per_worker, rc.ray_address, rc.worker_timeout,
+                                   rc.worker_start_timeout, rc.ray_max_restarts, first_index)
+    return make_vector_env(_EnvBuilder(cfg, render), num_envs or rc.parallels, rc.vectorize,
+                           rc.workers, rc.worker_timeout, rc.start_method,
+                           rc.worker_start_timeout, first_index, rc.act_batch or 1)

@@ -77,8 +77,8 @@ def without_check_wrappers(env):
 
     The two wrappers only check what marlkit guarantees: a reset before the first step, and
     actions inside the action space (``PettingZooEnv._env_action`` checks them itself). Their
-    attribute forwarding costs a third of mpe2's step: simple_spread steps 1.5x faster without
-    them, with the same dynamics (4,260 vs 6,349 env-steps/s with random actions, alternating)."""
+    attribute forwarding costs a good share of mpe2's step; without them simple_spread steps with
+    the same dynamics, faster (docs/benchmarks.md)."""
     from pettingzoo.utils.conversions import aec_to_parallel_wrapper
     from pettingzoo.utils.wrappers import AssertOutOfBoundsWrapper, OrderEnforcingWrapper
     if type(env) is not aec_to_parallel_wrapper:

@@ -54,8 +54,9 @@ class CNN(Encoder):
     channels, kernel, stride); ``kwargs: {channels: [16, 32, 32]}`` sets the widths of the layout's
     convolutions (one each; a CPU pays for every channel in every step and every epoch).
 
-    The convolutions run in channels-last memory (NHWC): oneDNN's CPU kernels are 1.1-1.7x faster
-    there on these small images than in NCHW, and ``[H, W, C]`` observations are in it already.
+    The convolutions run in channels-last memory (NHWC): oneDNN's CPU kernels are faster there on
+    these small images than in NCHW (docs/benchmarks.md), and ``[H, W, C]`` observations are in it
+    already.
     """
 
     spec_kwargs = ("channels_last",)

@@ -95,27 +95,27 @@ def bootstrap_of(obs: Observation, hidden: dict, group: str) -> Bootstrap:
 
 class Collector:
     """Steps ``venv`` for ``horizon`` steps per ``collect``, acting with snapshots of ``agents`` (one
-    per group) on blocks of ``act_batch`` envs (None: all at once); ``learners`` are the groups
+    per group) on blocks of ``act_batch`` envs (None: all at once); ``learning_groups`` are the groups
     whose steps are stored. With ``overlap`` their storages hold two rollouts: one is collected
     while the other is trained on."""
 
-    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
+    def __init__(self, venv, agents: dict[str, Agent], learning_groups: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
-        self.venv, self.learners, self.horizon, self.act_batch = venv, learners, horizon, act_batch
+        self.venv, self.learning_groups, self.horizon, self.act_batch = venv, learning_groups, horizon, act_batch
         self.policies = {g: agent.snapshot() for g, agent in agents.items()}
         self.storages = {g: agents[g].make_storage(StorageLayout(agents[g].group, venv.spec, venv.num_envs, horizon,
                                                                  double=overlap))
-                         for g in learners}
+                         for g in learning_groups}
 
     def collect(self, state, progress: Progress | None = None) -> dict[str, Collected]:
         """One rollout from ``state``'s observation and hidden state (a ``TrainState``), which move on
         to where it ends; finished episodes are counted in ``state``. -> per learning group, the
         rollout and what values its tail."""
-        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
+        rollouts = {g: self.storages[g].next_rollout() for g in self.learning_groups}
         state.obs, state.hidden, finished = fill_rollouts(self.venv, self.policies, rollouts, state.obs, state.hidden,
                                                           self.horizon, self.act_batch, progress)
         state.count_episodes(episode for _, _, episode in finished)
-        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learners}
+        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learning_groups}
 
     def finish(self, collected: dict[str, Collected]) -> dict:
         """Per learning group, the batch its agent learns from (``Storage.finish``); at a rollout
@@ -124,7 +124,7 @@ class Collector:
 
     def sync(self, agents: dict[str, Agent]) -> None:
         """The policies act with the learning agents' weights from now on."""
-        for g in self.learners:
+        for g in self.learning_groups:
             self.policies[g].load_policy_state(agents[g].policy_state())
 
     def state_dict(self) -> dict:

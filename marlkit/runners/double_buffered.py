@@ -48,9 +48,9 @@ class DoubleBufferedCollector(Collector):
     """A collector whose envs step in two parts (``venv.splits(2)``: whole env workers), one
     stepping while the policies act on the other."""
 
-    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
+    def __init__(self, venv, agents: dict[str, Agent], learning_groups: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
-        super().__init__(venv, agents, learners, horizon, overlap, act_batch)
+        super().__init__(venv, agents, learning_groups, horizon, overlap, act_batch)
         if not venv.in_workers:
             raise ConfigError("runner.double_buffer: true needs env worker processes (runner.vectorize: subprocess)")
         try:
@@ -68,7 +68,7 @@ class DoubleBufferedCollector(Collector):
         self.venv.step_async({g: out.actions for g, out in part.outs.items()}, part.envs)
 
     def collect(self, state, progress: Progress | None = None) -> dict[str, Collected]:
-        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
+        rollouts = {g: self.storages[g].next_rollout() for g in self.learning_groups}
         parts = []
         for first, count in self.splits:
             hidden = {g: h[first:first + count] if h is not None else None for g, h in state.hidden.items()}
@@ -92,4 +92,4 @@ class DoubleBufferedCollector(Collector):
         finished = sorted(((t, part.first + e, episode) for part in parts for t, e, episode in part.finished),
                           key=lambda ended: ended[:2])
         state.count_episodes(episode for _, _, episode in finished)
-        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learners}
+        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learning_groups}

@@ -6,7 +6,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from marlkit.agents.base import Agent
-from marlkit.config import RunConfig
+from marlkit.config import RunnerConfig
 from marlkit.errors import EnvAPIError
 from marlkit.registry import get_agent
 from marlkit.runners.collector import act, advance_hidden
@@ -69,34 +69,34 @@ def random_policy(spec) -> dict[str, Agent]:
     return {g: cls(gs, spec, cls.config_cls()) for g, gs in spec.groups.items()}
 
 
-def best_metric_description(cfg: RunConfig, learning: list[str]) -> str:
-    best = cfg.runner.best_metric
-    against = " against the random policy playing the other groups" if len(learning) > 1 else ""
-    return (f"return of group {best!r}" if best else "mean return of the learning groups") + against
+def best_metric_description(best_metric: str | None, learning_groups: list[str]) -> str:
+    """In words, what best.pt is chosen on (``runner.best_metric``)."""
+    against = " against the random policy playing the other groups" if len(learning_groups) > 1 else ""
+    return (f"return of group {best_metric!r}" if best_metric else "mean return of the learning groups") + against
 
 
 class Evaluator:
-    """The evaluation protocol of a run: ``runner.eval_episodes`` episodes on the evaluation envs,
-    from the same env seed every time, each agent drawing from generators of its own (so training
-    draws the same numbers whether and however often it is evaluated); ``learning`` names the
-    groups that learn.
+    """The evaluation protocol of a run (``rc``: its runner settings): ``runner.eval_episodes``
+    episodes on the evaluation envs, from the same env seed every time (from the run's ``seed``),
+    each agent drawing from generators of its own (so training draws the same numbers whether and
+    however often it is evaluated); ``learning_groups`` names the groups that learn.
 
     Where two groups or more learn (teams that play each other), their returns against each other
     say little of progress (in a zero-sum game they sum to about 0 whatever happens), so each
     learning group is also evaluated against the random policy playing every other group
     (``vs_random``), and best.pt is chosen on those returns against that fixed opponent."""
 
-    def __init__(self, cfg: RunConfig, learning: list[str]):
-        self.cfg, self.learning = cfg, learning
+    def __init__(self, rc: RunnerConfig, seed: int, learning_groups: list[str]):
+        self.rc, self.seed, self.learning_groups = rc, seed, learning_groups
 
     def scored_groups(self, groups) -> list[str]:
         """The groups whose returns make the score best.pt is chosen on (``runner.best_metric``)."""
-        if self.cfg.runner.best_metric is not None:
-            return [self.cfg.runner.best_metric]
-        return [g for g in self.learning if g in groups] or list(groups)
+        if self.rc.best_metric is not None:
+            return [self.rc.best_metric]
+        return [g for g in self.learning_groups if g in groups] or list(groups)
 
     def _play(self, eval_venv, agents: dict[str, Agent], stop) -> list[dict]:
-        rc, seed = self.cfg.runner, self.cfg.seed * 10_000 + 777
+        rc, seed = self.rc, self.seed * 10_000 + 777
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
                 own.enter_context(agent.own_generators(seed * 1000 + i))
@@ -123,9 +123,9 @@ class Evaluator:
             for k in names:
                 row["env"][k], row["env_ci"][k], _ = mean_ci([ep[k] for ep in stats if k in ep])
         scored = self.scored_groups(agents)
-        if opponents is not None and len(self.learning) > 1:
+        if opponents is not None and len(self.learning_groups) > 1:
             row["vs_random"] = {}
-            for g in self.learning:
+            for g in self.learning_groups:
                 mixed = {h: agents[h] if h == g else opponents[h] for h in agents}
                 played = [ep["return"][g] for ep in self._play(eval_venv, mixed, stop) if g in ep["return"]]
                 mean, ci, se = mean_ci(played)

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from marlkit.agents.base import Agent
 from marlkit.config import RunConfig
-from marlkit.errors import CheckpointMismatchError, ConfigError
+from marlkit.errors import ConfigError
 from marlkit.memory import check_fits
 from marlkit.registry import closest, get_agent, get_env_type
-from marlkit.runners.checkpoint import load_checkpoint
+from marlkit.runners.checkpoint import check_groups_fit, load_checkpoint, load_group
 from marlkit.storage import StorageLayout
 
 
@@ -35,11 +35,11 @@ def check_groups(cfg: RunConfig) -> None:
         for g, name in group_agent_names(cfg, spec.groups).items():
             get_agent(name).check_group(spec.groups[g])
 
-def build_agents(cfg: RunConfig, spec, num_envs: int) -> dict[str, Agent]:
-    """One agent per group; weights from ``--load`` (every group) or a group's own ``load``, except
-    on resume: the run's latest.pt holds every group's weights, and the files it began from may
-    have moved since."""
-    names = group_agent_names(cfg, spec.groups)
+def build_agents(cfg: RunConfig, spec, num_envs: int, names: dict[str, str], loaded: dict | None) -> dict[str, Agent]:
+    """One agent per group, ``names[g]`` the agent of group ``g`` (``group_agent_names``); weights
+    from ``loaded`` (the ``--load`` checkpoint, read already: every group) or a group's own
+    ``load``, except on resume: the run's latest.pt holds every group's weights, and the files it
+    began from may have moved since."""
     rc = cfg.runner
     estimates = {g: get_agent(names[g]).memory_estimate(StorageLayout(gs, spec, num_envs, rc.horizon,
                                                                       double=rc.overlapped()),
@@ -47,26 +47,15 @@ def build_agents(cfg: RunConfig, spec, num_envs: int) -> dict[str, Agent]:
                  for g, gs in spec.groups.items()}
     check_fits(estimates)
     loads = not cfg.resume
-    run_ckpt = load_checkpoint(cfg.load, cfg.env_name, names) if cfg.load and loads else None
+    if loaded is not None:
+        check_groups_fit(loaded, cfg.load, names)
     agents = {}
     for i, (g, gs) in enumerate(spec.groups.items()):
         agents[g] = get_agent(names[g])(gs, spec, cfg.agents[names[g]], seed=cfg.seed * 1000 + i,
                                         device=cfg.device)
         group_cfg = cfg.groups.get(g)
         ckpt = load_checkpoint(group_cfg.load, cfg.env_name, {g: names[g]}) \
-            if loads and group_cfg is not None and group_cfg.load else run_ckpt
+            if loads and group_cfg is not None and group_cfg.load else loaded
         if ckpt is not None:
             load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
     return agents
-
-
-def load_group(agent: Agent, state: dict, name: str, weights_only: bool) -> None:
-    """Load one group's checkpoint; a network that does not fit the agent's settings is a clear
-    error, not a tensor-shape traceback."""
-    try:
-        agent.load_state_dict(state, weights_only=weights_only)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise CheckpointMismatchError(f"the checkpoint of group {agent.group.name!r} does not fit the settings in "
-                                      f"agents.{name} ({first}); use the network settings it was trained with "
-                                      "(config.yaml beside the checkpoint)") from None

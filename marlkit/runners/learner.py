@@ -25,8 +25,8 @@ from marlkit.agents.base import Agent, Progress
 
 
 class Learner:
-    def __init__(self, agents: dict[str, Agent], learners: list[str], background: bool, threads: int | None = None):
-        self.agents, self.learners, self.background = agents, learners, background
+    def __init__(self, agents: dict[str, Agent], learning_groups: list[str], background: bool, threads: int | None = None):
+        self.agents, self.learning_groups, self.background = agents, learning_groups, background
         # torch.get_num_threads also settles this thread's count, before an update's thread stores another
         self._acting_threads = torch.get_num_threads()
         self.threads = threads or self._acting_threads
@@ -54,7 +54,7 @@ class Learner:
             if own:
                 torch.set_num_threads(self.threads)
             metrics = {}
-            for g in self.learners:
+            for g in self.learning_groups:
                 agent = self.agents[g]
                 if progress.steps < agent.schedule.learning_starts:
                     continue
@@ -77,7 +77,7 @@ class Learner:
             return None
         return (f"marlkit: the update bounds this run (collection waited for it {waited_s / wall_s:.0%} of the "
                 f"last {updates} updates); --config update_bound (each update on 2 threads after its rollout) "
-                "may run it faster: 1.16x on MAgent2 battle with an mlp actor (docs/benchmarks.md)")
+                "may run it faster (docs/benchmarks.md)")
 
     def finish_quietly(self) -> bool:
         """Wait for the update while another error unwinds; -> whether it finished without one of

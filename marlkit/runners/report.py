@@ -1,4 +1,5 @@
-"""What a run leaves behind for people: the benchmark report, the learning curve, episode videos."""
+"""What a run leaves behind for people: the benchmark report and its learning curve, the test
+report, episode videos."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from marlkit.config import RunConfig
+from marlkit.runners.statistics import mean_ci
 
 
 def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
@@ -108,6 +110,39 @@ def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | Non
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_test_report(run_dir: Path, checkpoint: str | None, agent: str, groups, episodes: list[dict]) -> dict:
+    """``test.json`` and a table on stdout: per group its return over ``episodes`` (``run_episodes``'),
+    and the env's statistics, each as mean ± 95% interval; -> ``{group}/return_mean`` per group."""
+    summary, env = {}, {}
+    for g in groups:
+        values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
+        mean, ci, _ = mean_ci(values)
+        summary[g] = {"mean": mean, "ci95": ci, "std": float(values.std()), "episodes": len(values)}
+    for k in dict.fromkeys(k for ep in episodes for k in ep["stats"]):
+        values = [ep["stats"][k] for ep in episodes if k in ep["stats"]]
+        mean, ci, _ = mean_ci(values)
+        env[k] = {"mean": mean, "ci95": ci, "episodes": len(values)}
+    (run_dir / "test.json").write_text(json.dumps({"checkpoint": checkpoint, "agent": agent, "groups": summary,
+                                                   "env": env}, indent=2))
+    tested = str(checkpoint) if checkpoint else f"the {agent} policy"
+    print(f"test of {tested} over {len(episodes)} episode{'' if len(episodes) == 1 else 's'} "
+          "(mean ± 95% interval):")
+    for g, s in summary.items():
+        print(f"  {g:<16} return {s['mean']:9.3f} ± {s['ci95']:.3f}")
+    for k, s in env.items():
+        print(f"  {k:<16} {s['mean']:16.3f} ± {s['ci95']:.3f}")
+    return {f"{g}/return_mean": s["mean"] for g, s in summary.items()}
+
+
+def write_videos(run_dir: Path, frames: dict[int, list], fps: int) -> None:
+    """``episode_<k>.mp4`` (or ``.gif``) per test episode ``k`` of ``frames``, and a line naming them."""
+    videos = [write_video(run_dir / f"episode_{k + 1}", [f for f in shots if f is not None], fps)
+              for k, shots in sorted(frames.items())]
+    videos = [v for v in videos if v is not None]
+    print(f"  videos: {len(videos)} in {run_dir} ({', '.join(v.name for v in videos)})" if videos
+          else "  (the env rendered no frames)")
 
 
 def write_video(stem: Path, frames: list, fps: int) -> Path | None:

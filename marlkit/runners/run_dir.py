@@ -8,10 +8,20 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from marlkit.config import RunConfig
+from marlkit.config import RunConfig, save_config
+
+
+def open_run_dir(cfg: RunConfig, run_dir: Path | None) -> Path:
+    """``run_dir`` (a resumed run's), or a new one, with the resolved config written in it."""
+    if run_dir is None:
+        run_dir = new_run_dir(cfg, "_test" if cfg.mode == "test" else "")
+    save_config(cfg, run_dir / "config.yaml")
+    return run_dir
 
 
 def new_run_dir(cfg: RunConfig, suffix: str = "") -> Path:
+    """``<run_root>/<env>/<agent>/<YYYYmmdd-HHMMSS>_seed<k><suffix>``, made (a number follows the
+    time where two runs start in the same second)."""
     base = Path(cfg.runner.run_root) / Path(cfg.env_name).stem / cfg.agent
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     for n in range(1000):

@@ -5,38 +5,31 @@ looks at which algorithm it drives.
 """
 from __future__ import annotations
 
-import json
 import math
-import pickle
-import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from marlkit.agents.base import Agent, Progress
-from marlkit.allocator import keep_freed_memory
-from marlkit.config import RunConfig, save_config
-from marlkit.envs.factory import make_env_vector
+from marlkit.config import RunConfig
 from marlkit.errors import ConfigError, RunInterrupted, TrainingDivergedError
 from marlkit.logger import Logger
-from marlkit.runners.checkpoint import load_checkpoint, save_checkpoint
+from marlkit.runners.checkpoint import read_steps, restore_run_checkpoint, save_run_checkpoint
 from marlkit.runners.collector import Collector
 from marlkit.runners.double_buffered import DoubleBufferedCollector
 from marlkit.runners.evaluation import (EvaluationStopped, Evaluator, best_metric_description, evaluation_line,
                                         mean_stats, random_policy, run_episodes)
-from marlkit.runners.group_agents import build_agents, check_groups, group_agent_names, load_group
 from marlkit.runners.learner import Learner
-from marlkit.runners.report import write_benchmark_report, write_video
-from marlkit.runners.run_dir import discard_run_dir, keep_traceback, new_run_dir
+from marlkit.runners.report import write_benchmark_report, write_test_report, write_videos
+from marlkit.runners.run_dir import discard_run_dir, keep_traceback, open_run_dir
+from marlkit.runners.setup import build_parts, make_venv, prepare
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
-from marlkit.registry import get_agent
-from marlkit.runners.statistics import beats, mean_ci
+from marlkit.runners.statistics import beats
 from marlkit.runners.train_state import TrainState
 from marlkit.runners.worker_acting import WorkerCollector
 
@@ -91,79 +84,45 @@ class Runner:
 
     def __init__(self, cfg: RunConfig, run_dir: Path | None = None):
         self.cfg = cfg
-        keep_freed_memory()
-        if cfg.runner.torch_threads:
-            torch.set_num_threads(cfg.runner.torch_threads)
-        self._seed_everything(cfg.seed)
-        try:
-            device = torch.device(cfg.device)
-        except RuntimeError:
-            raise ConfigError(f"device: {cfg.device!r} is not a torch device; use cpu, cuda or cuda:N") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device: {cfg.device!r} was asked for but CUDA is not available; use --device cpu")
-        if cfg.mode == "test" and not cfg.load and any(get_agent(name).learns for name in self._agent_names()):
-            raise ConfigError("--test needs a checkpoint: pass --load runs/<env>/<agent>/<run>/best.pt "
-                              "(or --agent random, which needs none)")
-        if cfg.load and not cfg.resume:   # a resumed run takes every group's weights from its latest.pt
-            if not Path(cfg.load).is_file():
-                raise FileNotFoundError(f"--load {cfg.load!r}: no such checkpoint file")
-            load_checkpoint(cfg.load, cfg.env_name, {})  # a wrong file or env fails before anything starts
+        self.loaded = prepare(cfg)   # the --load checkpoint, read once
         self.run_dir = run_dir
         self._saved_steps = 0   # env steps of the latest.pt on disk
         self.venv = None
         self.logger = None
         self.agents: dict[str, Agent] = {}
+        self.agent_names: dict[str, str] = {}    # group -> the registered agent that drives it
+        self.learning_groups: list[str] = []     # the groups whose agent learns and is trained
         self.collector: Collector | None = None
         # wall seconds of training so far, this process's and those before a resume (to the checkpoint
         # it resumed from): what a resumed run reports as its wall time, as if it had not stopped
         self._wall_time: Callable[[], float] | None = None
 
-    def _agent_names(self) -> set[str]:
-        """Every agent the config names: the run's and the groups' own."""
-        return {self.cfg.agent, *(g.agent for g in self.cfg.groups.values() if g.agent)}
+    def _build(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None) -> None:
+        parts = build_parts(self.cfg, self.loaded, num_envs, render, vectorize)
+        self.venv, self.agents = parts.venv, parts.agents
+        self.agent_names, self.learning_groups = parts.agent_names, parts.learning_groups
 
-    @staticmethod
-    def _seed_everything(seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
-    def _open_run_dir(self) -> None:
-        """Create the run directory (a resumed run keeps its own) and write the resolved config."""
-        if self.run_dir is None:
-            self.run_dir = new_run_dir(self.cfg, "_test" if self.cfg.mode == "test" else "")
-        save_config(self.cfg, self.run_dir / "config.yaml")
-
-    # ------------------------------------------------------------------ building
-
-    def _learning(self, g: str) -> bool:
-        group_cfg = self.cfg.groups.get(g)
-        return self.agents[g].learns and (group_cfg is None or group_cfg.train)
-
-    def _make_venv(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None,
-                   first_index: int = 0):
-        runner = self.cfg.runner
-        if vectorize is not None:
-            runner = replace(runner, vectorize=vectorize)
-        return make_env_vector(self.cfg.env, runner, num_envs, render, first_index)
+    def run(self) -> RunResult:
+        """The run its config's ``mode`` asks for: ``test`` plays the checkpoint's episodes; ``train``
+        trains; ``benchmark`` trains with evaluations and writes the report."""
+        return self.test() if self.cfg.mode == "test" else self.train()
 
     # ------------------------------------------------------------------ train / benchmark
 
-    def train(self, evaluate: bool = False) -> RunResult:
+    def train(self) -> RunResult:
         cfg, rc = self.cfg, self.cfg.runner
+        evaluate = cfg.mode == "benchmark"
         stop = StopRequest()
         state, finished, failure = None, False, None
         with terminate_as_interrupt():
             try:
-                check_groups(self.cfg)
-                self.venv = self._make_venv()
-                self.agents = build_agents(self.cfg, self.venv.spec, self.venv.num_envs)
+                self._build()
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
-                eval_venv = self._make_venv(min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
-                                            first_index=rc.parallels) if evaluate else None
+                eval_venv = make_venv(cfg, min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
+                                      first_index=rc.parallels) if evaluate else None
                 try:
                     state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
-                    self._open_run_dir()
+                    self.run_dir = open_run_dir(self.cfg, self.run_dir)
                     self.venv.log_to(self.run_dir)
                     self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
                     result = RunResult(self.run_dir, cfg.mode, precision={
@@ -171,6 +130,9 @@ class Runner:
                     with stop.deferred():
                         self._train_loop(result, state, eval_venv, stop)
                     finished = True
+                    if evaluate:
+                        write_benchmark_report(cfg, result, best_metric_description(rc.best_metric,
+                                                                                    self.learning_groups))
                 finally:
                     if eval_venv is not None:
                         eval_venv.close()
@@ -199,7 +161,6 @@ class Runner:
         latest = self.run_dir / "latest.pt" if self.run_dir is not None else None
         if latest is None or not latest.is_file():
             return "interrupted before the first checkpoint; nothing was saved"
-        from marlkit.runners.checkpoint import read_steps
         what = "saved" if saved_now else "the last checkpoint is"
         return (f"interrupted; {what} {latest} (step {read_steps(latest)} of {self.cfg.runner.total_steps}); "
                 f"continue with: marlkit --resume {self.run_dir}")
@@ -210,30 +171,11 @@ class Runner:
                           next_save=self.cfg.runner.save_interval)
 
     def _resume_state(self, path: Path) -> TrainState:
-        names = group_agent_names(self.cfg, self.venv.spec.groups)
-        ckpt = load_checkpoint(path, self.cfg.env_name, names)
-        for g, agent in self.agents.items():
-            load_group(agent, ckpt["groups"][g], names[g], weights_only=False)
-        saved = pickle.loads(ckpt["runner"])
-        with_envs = saved.pop("venv")
-        state = TrainState.from_state_dict(saved)
+        state = restore_run_checkpoint(path, self.cfg, self.agents, self.agent_names, self.venv)
         self._saved_steps = state.steps
-        if with_envs:
-            self.venv.load_state_dict(ckpt["venv"])
-        else:
-            # a rollout saved beside the last update keeps the observation it ended at, to value its tail
-            state.obs = self.venv.reset(seed=self.cfg.seed * 10_000 + state.steps)
-            state.hidden = {g: a.initial_hidden(self.venv.num_envs) for g, a in self.agents.items()}
-            tqdm.write("resume: this env is not known to come back exactly from a checkpoint (env.exact_resume "
-                       "is false), so it starts fresh episodes; agents, optimisers and counters continue "
-                       "exactly, the env trajectory does not")
-        rng = ckpt["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"])
         return state
 
-    def _checkpoint(self, path: Path, state: TrainState, venv_blob: bytes | None, resumable: bool = True) -> None:
+    def _checkpoint(self, path: Path, state: TrainState, venv_state: bytes | None, resumable: bool = True) -> None:
         """An overlapped run saves with the next rollout collected (``state.pending``); best.pt is
         never resumed from, so it goes without."""
         if self.collector is not None:
@@ -241,12 +183,7 @@ class Runner:
             state.policy_streams, state.storage = carried["policy_streams"], carried["storage"]
         if self._wall_time is not None:
             state.wall_time_s = self._wall_time()
-        runner_state = {**state.state_dict(resumable), "venv": venv_blob is not None}
-        save_checkpoint(path, {
-            "env_name": self.cfg.env_name, "agent": self.cfg.agent, "config": self.cfg.to_dict(),
-            "steps": state.steps, "groups": {g: a.state_dict() for g, a in self.agents.items()},
-            "runner": pickle.dumps(runner_state), "venv": venv_blob,
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}})
+        save_run_checkpoint(path, self.cfg, self.agents, state, venv_state, resumable)
 
     def _save_latest(self, state: TrainState) -> None:
         self._checkpoint(self.run_dir / "latest.pt", state, self.venv.state_dict())
@@ -275,14 +212,14 @@ class Runner:
         per_update = rc.horizon * E
         # total_steps is rounded up to whole rollouts; the bar shows the real end
         total = math.ceil(rc.total_steps / per_update) * per_update
-        learners = [g for g in self.agents if self._learning(g)]
+        learning_groups = self.learning_groups
         overlap = rc.overlapped()
         collecting = (WorkerCollector if rc.acts_in_workers() else DoubleBufferedCollector if rc.double_buffer
                       else Collector)
-        collector = self.collector = collecting(self.venv, self.agents, learners, rc.horizon, overlap, rc.act_batch)
+        collector = self.collector = collecting(self.venv, self.agents, learning_groups, rc.horizon, overlap, rc.act_batch)
         collector.load_state_dict(state.policy_streams, state.storage)
         # with the envs in this process, the update and the next rollout take turns instead
-        learner = Learner(self.agents, learners, background=overlap and rc.envs_in_workers(),
+        learner = Learner(self.agents, learning_groups, background=overlap and rc.envs_in_workers(),
                           threads=rc.update_threads)
         bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
                           desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
@@ -409,12 +346,11 @@ class Runner:
 
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc = self.cfg.runner
-        learning = [g for g in self.agents if self._learning(g)]
-        evaluator = Evaluator(self.cfg, learning)
+        evaluator = Evaluator(rc, self.cfg.seed, self.learning_groups)
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
-        opponents = random_policy(eval_venv.spec) if len(learning) > 1 else None   # teams that play each other
+        opponents = random_policy(eval_venv.spec) if len(self.learning_groups) > 1 else None   # teams that play each other
         row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})
         state.evaluations.append(row)
@@ -427,12 +363,6 @@ class Runner:
         tqdm.write(evaluation_line(row, state.baseline, new_best))
         state.next_eval = state.steps + rc.eval_interval
 
-    def benchmark(self) -> RunResult:
-        result = self.train(evaluate=True)
-        learning = [g for g in self.agents if self._learning(g)]
-        write_benchmark_report(self.cfg, result, best_metric=best_metric_description(self.cfg, learning))
-        return result
-
     # ------------------------------------------------------------------ test
 
     def test(self) -> RunResult:
@@ -440,12 +370,8 @@ class Runner:
         finished = False
         with terminate_as_interrupt():
             try:
-                render = cfg.render
-                check_groups(self.cfg)
-                self.venv = self._make_venv(rc.test_envs(render), render=render, vectorize="sync")
-                self.agents = build_agents(self.cfg, self.venv.spec, self.venv.num_envs)
-                self._open_run_dir()
-                fps = rc.video_fps or self.venv.spec.render_fps
+                self._build(rc.test_envs(cfg.render), render=cfg.render, vectorize="sync")
+                self.run_dir = open_run_dir(self.cfg, self.run_dir)
                 frames: dict[int, list] = {}
 
                 def on_frame(episode: int) -> None:
@@ -454,7 +380,8 @@ class Runner:
 
                 episodes = run_episodes(self.venv, self.agents, rc.test_episodes, explore=not rc.eval_deterministic,
                                         seed=cfg.seed * 10_000 + 999, step_limit=rc.episode_step_limit,
-                                        on_frame=on_frame if render else None)
+                                        on_frame=on_frame if cfg.render else None)
+                fps = rc.video_fps or self.venv.spec.render_fps
                 finished = True
             except KeyboardInterrupt:
                 raise RunInterrupted(f"interrupted during the {rc.test_episodes} test episodes of {cfg.load}; "
@@ -463,33 +390,10 @@ class Runner:
                 self.close()
                 if not finished:
                     self._discard_run_dir()
-        result = RunResult(self.run_dir, "test")
-        summary, env = {}, {}
-        for g in self.agents:
-            values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
-            mean, ci, _ = mean_ci(values)
-            summary[g] = {"mean": mean, "ci95": ci, "std": float(values.std()), "episodes": len(values)}
-            result.metrics[f"{g}/return_mean"] = mean
-        for k in dict.fromkeys(k for ep in episodes for k in ep["stats"]):
-            values = [ep["stats"][k] for ep in episodes if k in ep["stats"]]
-            mean, ci, _ = mean_ci(values)
-            env[k] = {"mean": mean, "ci95": ci, "episodes": len(values)}
-        result.episode_returns = [ep["return"] for ep in episodes]
-        tested = str(cfg.load) if cfg.load else f"the {cfg.agent} policy"
-        (self.run_dir / "test.json").write_text(json.dumps({"checkpoint": cfg.load, "agent": cfg.agent,
-                                                            "groups": summary, "env": env}, indent=2))
-        print(f"test of {tested} over {len(episodes)} episode{'' if len(episodes) == 1 else 's'} "
-              "(mean ± 95% interval):")
-        for g, s in summary.items():
-            print(f"  {g:<16} return {s['mean']:9.3f} ± {s['ci95']:.3f}")
-        for k, s in env.items():
-            print(f"  {k:<16} {s['mean']:16.3f} ± {s['ci95']:.3f}")
-        if render:
-            videos = [write_video(self.run_dir / f"episode_{k + 1}", [f for f in shots if f is not None], fps)
-                      for k, shots in sorted(frames.items())]
-            videos = [v for v in videos if v is not None]
-            print(f"  videos: {len(videos)} in {self.run_dir} ({', '.join(v.name for v in videos)})" if videos
-                  else "  (the env rendered no frames)")
+        result = RunResult(self.run_dir, "test", episode_returns=[ep["return"] for ep in episodes])
+        result.metrics = write_test_report(self.run_dir, cfg.load, cfg.agent, self.agents, episodes)
+        if cfg.render:
+            write_videos(self.run_dir, frames, fps)
         return result
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ class ActingJob:
 
     def install(self, venv) -> None:
         # a spawned worker's torch would start with a thread per core, and the workers and the
-        # learner would fight over the cores (acting took 4x as long)
+        # learner would fight over the cores
         torch.set_num_threads(self.threads)
         self.venv = venv
 
@@ -61,9 +61,9 @@ class WorkerCollector(Collector):
     collect its block of the rollout and joins the blocks into this process's storage, so that
     batches, syncing and checkpoints work as with acting here."""
 
-    def __init__(self, venv, agents: dict[str, Agent], learners: list[str], horizon: int, overlap: bool,
+    def __init__(self, venv, agents: dict[str, Agent], learning_groups: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
-        super().__init__(venv, agents, learners, horizon, overlap, act_batch)
+        super().__init__(venv, agents, learning_groups, horizon, overlap, act_batch)
         self.installed = False
         self.changed: set[str] = set()   # learning groups whose weights the workers have not got yet
 
@@ -71,7 +71,7 @@ class WorkerCollector(Collector):
         """Snapshots to the workers, made now: after a resume has restored the policies' streams."""
         self.venv.install_jobs([
             ActingJob({g: p.snapshot(first, count, device="cpu") for g, p in self.policies.items()},
-                      {g: self.storages[g].new_rollout(count) for g in self.learners}, self.horizon, first,
+                      {g: self.storages[g].new_rollout(count) for g in self.learning_groups}, self.horizon, first,
                       self.act_batch)
             for first, count in self.venv.blocks])
         self.installed = True
@@ -87,8 +87,8 @@ class WorkerCollector(Collector):
                                           for g, h in hidden.items()}, updates, progress)
                 for first, count in self.venv.blocks]
         replies = self.venv.run_jobs(args, "collecting a rollout")
-        rollouts = {g: self.storages[g].next_rollout() for g in self.learners}
-        for g in self.learners:
+        rollouts = {g: self.storages[g].next_rollout() for g in self.learning_groups}
+        for g in self.learning_groups:
             rollouts[g].fill_from([r["rollouts"][g] for r in replies])
         for g, policy in self.policies.items():
             for reply in replies:
@@ -97,11 +97,11 @@ class WorkerCollector(Collector):
         state.hidden = {g: _join([r["hidden"][g] for r in replies]) for g in hidden}
         finished = sorted((e for r in replies for e in r["episodes"]), key=lambda ended: ended[:2])
         state.count_episodes(episode for _, _, episode in finished)
-        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learners}
+        return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learning_groups}
 
     def sync(self, agents: dict[str, Agent]) -> None:
         super().sync(agents)
-        self.changed.update(self.learners)
+        self.changed.update(self.learning_groups)
 
     def load_state_dict(self, policy_streams: dict, storage: dict) -> None:
         super().load_state_dict(policy_streams, storage)
@@ -113,9 +113,9 @@ def _join(blocks: list[np.ndarray | None]) -> np.ndarray | None:
 
 
 class _TensorData:
-    """A tensor's values as a numpy array: a small tensor pickles through torch's own serialiser
-    (an acting state of 27 tensors: 3.4 ms to pickle and 4.7 ms to unpickle, against 0.1 and 0.15
-    ms as arrays), once per worker and update."""
+    """A tensor's values as a numpy array: a small tensor pickles through torch's own serialiser,
+    many times slower than an array does, and an acting state goes to every worker after every
+    update."""
 
     def __init__(self, tensor: torch.Tensor):
         self.array = tensor.detach().cpu().numpy()

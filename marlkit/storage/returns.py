@@ -1,8 +1,10 @@
-"""Returns over ``[T, E, A]`` rollouts with masks: GAE, TD(lambda), and the neutral bootstrap of
-an agent absent after the rollout."""
+"""Returns: GAE over ``[T, E, A]`` rollouts with masks (whose returns are the TD(lambda) targets of
+the values it is given), the TD(lambda) targets of whole replayed episodes, and the neutral
+bootstrap of an agent absent after a rollout."""
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def last_present_value(value: np.ndarray, agent_mask: np.ndarray) -> np.ndarray:
@@ -53,12 +55,22 @@ def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, t
     return advantages, returns
 
 
-def td_lambda_targets(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
-                      last_value, gamma: float, lam: float) -> np.ndarray:
-    """TD(lambda) targets ``[T, E, A]`` for Q(s_t, u_t): G_t = r_t + gamma ((1 - lambda) Q_{t+1} +
-    lambda G_{t+1}), cut at terminations (successor 0) and truncations (successor
-    ``truncation_value``), absent slots skipped (0 there). GAE's returns over the values
-    ``q_taken`` are exactly this recursion (A_t + Q_t = G_t), so its mask handling is reused."""
-    _, returns = compute_gae(reward, q_taken, terminated, truncated, episode_end, agent_mask, truncation_value,
-                             last_value, gamma, lam)
-    return returns
+def lambda_returns(reward: torch.Tensor, next_value: torch.Tensor, continues: torch.Tensor, has_next: torch.Tensor,
+                   gamma: float, lam: float) -> torch.Tensor:
+    """Targets ``[L, B, ...]`` for the values taken along whole episodes: G_t = r_t + gamma c_t
+    ((1 - lam) V_{t+1} + lam G_{t+1}), with V_{t+1} the target network's value of the next step
+    (``next_value``), c_t 0 where step t ended the return, and V_{t+1} alone where step t + 1 was
+    not taken (``has_next`` ``[L - 1, B, ...]`` False: the episode's end, an absent agent). With
+    ``lam`` 0 it is the one-step target r_t + gamma c_t V_{t+1}."""
+    if lam == 0.0:
+        return reward + gamma * continues * next_value
+    # G_t = own_t + carry_t G_{t+1}: a linear recurrence, two operations per step
+    taken = torch.cat([has_next.to(reward.dtype), torch.zeros_like(reward[:1])])
+    carry = gamma * continues * lam * taken
+    own = reward + gamma * continues * next_value * (1.0 - lam * taken)
+    targets = torch.empty_like(reward)
+    after = torch.zeros_like(reward[0])
+    for t in reversed(range(len(reward))):
+        after = own[t] + carry[t] * after
+        targets[t] = after
+    return targets

@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
 
     def benchmark() -> int:
         from marlkit.runners.runner import Runner
-        Runner(build(run_dir, request), run_dir).benchmark()
+        Runner(build(run_dir, request), run_dir).run()
         return 0
 
     return exit_code(benchmark)

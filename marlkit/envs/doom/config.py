@@ -90,5 +90,5 @@ def import_vizdoom():
     try:
         import vizdoom
     except ImportError:
-        raise ConfigError("the doom env needs vizdoom: pip install vizdoom (the README's set-up installs it)") from None
+        raise ConfigError("the doom env needs ViZDoom: pip install 'marlkit[doom]' (make install does)") from None
     return vizdoom

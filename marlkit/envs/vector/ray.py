@@ -82,10 +82,10 @@ class EnvHost:
     def render(self, row: int):
         return self.envs[row].render()
 
-    def get_state(self) -> list:
+    def state_dict(self) -> list:
         return [dumps_state(env) for env in self.envs]
 
-    def set_state(self, blobs: list[bytes]) -> None:
+    def load_state_dict(self, blobs: list[bytes]) -> None:
         for env in self.envs:
             env.close()
         self.envs = [pickle.loads(blob) for blob in blobs]
@@ -335,10 +335,10 @@ class RayVectorEnv(VectorEnv):
         w = next(w for w, b in enumerate(self.blocks) if b.start <= index < b.stop)
         return self._get([self.actors[w].render.remote(index - self.blocks[w].start)], "rendering", workers=[w])[0]
 
-    def env_states(self) -> list[bytes | None]:
+    def state_dict(self) -> list[bytes | None]:
         """Every env's state; an actor lost meanwhile has none to give (the checkpoint then resumes
         with fresh episodes), and is replaced at the next step, which cuts its envs' episodes."""
-        refs, out = [actor.get_state.remote() for actor in self.actors], []
+        refs, out = [actor.state_dict.remote() for actor in self.actors], []
         for w, ref in enumerate(refs):
             try:
                 out += self._get([ref], "saving env state", workers=[w])[0]
@@ -347,8 +347,8 @@ class RayVectorEnv(VectorEnv):
                 out += [None] * (self.blocks[w].stop - self.blocks[w].start)
         return out
 
-    def load_env_states(self, blobs: list[bytes]) -> None:
-        self._get([actor.set_state.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
+    def load_state_dict(self, blobs: list[bytes]) -> None:
+        self._get([actor.load_state_dict.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
                   "restoring env state")
 
     def close(self, grace: float | None = None) -> None:
