@@ -7,7 +7,7 @@ An agent controls one group of agents. The runner and its collector use it throu
   replay of episodes), which the collector fills and turns into a batch at each rollout boundary;
 - ``schedule``: when it learns (env steps before the first update);
 - ``update(batch, progress)`` -> metrics, on what the storage gave;
-- ``snapshot(first_env, num_envs)``, ``policy_state()`` / ``load_policy_state()``: an acting copy
+- ``snapshot(first_env, num_envs)``, ``policy_state_dict()`` / ``load_policy_state_dict()``: an acting copy
   (the policy the collector, an env worker or Ray's driver acts with) and the weights that bring it
   up to date after an update;
 - ``state_dict()`` / ``load_state_dict()``, ``save`` / ``load``: weights, optimiser and settings,
@@ -205,13 +205,13 @@ class Agent:
             twin.modules.requires_grad_(False).to(twin.device)
         return twin
 
-    def policy_state(self):
+    def policy_state_dict(self):
         """What a snapshot needs after an update to act as this agent does: its weights (None for an
         agent without ``modules``: nothing changes)."""
         return self.modules.state_dict() if self.modules is not None else None
 
-    def load_policy_state(self, state) -> None:
-        """The inverse of ``policy_state``, on a snapshot."""
+    def load_policy_state_dict(self, state) -> None:
+        """The inverse of ``policy_state_dict``, on a snapshot."""
         if state is not None:
             self.modules.load_state_dict(state)
 

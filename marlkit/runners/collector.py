@@ -125,7 +125,7 @@ class Collector:
     def sync(self, agents: dict[str, Agent]) -> None:
         """The policies act with the learning agents' weights from now on."""
         for g in self.learning_groups:
-            self.policies[g].load_policy_state(agents[g].policy_state())
+            self.policies[g].load_policy_state_dict(agents[g].policy_state_dict())
 
     def state_dict(self) -> dict:
         """Where the policies' streams stand and what the storages carry over (``TrainState``)."""

@@ -46,7 +46,7 @@ class ActingJob:
         stand, its finished episodes ``(t, env, episode)`` and where the rollout ended."""
         obs, hidden, updates, progress = arg
         for g, update in updates.items():
-            self.policies[g].load_policy_state(_unpacked(update))
+            self.policies[g].load_policy_state_dict(_unpacked(update))
         for rollout in self.rollouts.values():
             rollout.reset()
         obs, hidden, finished = fill_rollouts(self.venv, self.policies, self.rollouts, obs, hidden, self.horizon,
@@ -81,7 +81,7 @@ class WorkerCollector(Collector):
         if not self.installed:
             self._install()
         obs, hidden = state.obs, state.hidden
-        updates = {g: _packed(self.policies[g].policy_state()) for g in self.changed}
+        updates = {g: _packed(self.policies[g].policy_state_dict()) for g in self.changed}
         self.changed.clear()
         args = [(obs.rows(first, count), {g: h[first:first + count] if h is not None else None
                                           for g, h in hidden.items()}, updates, progress)
