@@ -8,7 +8,7 @@ ARGS ?=
 TEST_JOBS ?= 2
 PYTEST := $(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadscope
 
-.PHONY: install train test test-exact benchmark docs clean
+.PHONY: install train test test-fast test-exact benchmark docs clean
 
 $(BIN)/.installed: setup.cfg pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,20 +29,32 @@ install: $(BIN)/.installed
 train: install  ## MAPPO on the embedded default env, mpe_spread (2M env steps)
 	$(BIN)/marlkit --agent MAPPO --env mpe_spread $(ARGS)
 
+# the tests marked `waits` (Ray's nodes and heartbeats, whole studies, a scene's minute-long timeout)
+# run in a test process of their own beside the others, which take the cores they leave idle; its
+# report follows theirs
 test: install  ## the test suite (also runs both examples on a tiny budget)
-	$(PYTEST) $(ARGS)
+	@waits=$$(mktemp); \
+	$(BIN)/python -m pytest -m waits $(ARGS) > $$waits 2>&1 & pid=$$!; \
+	$(PYTEST) -m "not waits" $(ARGS); rest=$$?; \
+	wait $$pid; code=$$?; \
+	echo "=== the tests marked waits, in a test process of their own (exit code $$code):"; cat $$waits; rm -f $$waits; \
+	[ $$rest -eq 0 ] && [ $$code -eq 0 ]
+
+# the inner loop: every test but those marked slow (learning runs, real clusters, games, timeouts)
+test-fast: install
+	$(PYTEST) -m "not slow" $(ARGS)
 
 # the tests that assert bit-identical results, under every ATen CPU capability this CPU can run
 # besides its own, which `make test` used (torch's kernels for each round differently; a claim of
-# exactness must hold under each)
+# exactness must hold under each): one test process per capability, each running every exact test
+# (pytest-xdist's --dist each), side by side
 test-exact: install
 	@native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
-	case $$native in avx512) caps="default avx2";; avx2) caps="default";; *) caps="";; esac; \
-	[ -n "$$caps" ] || echo "exact tests: no capability below this CPU's ($$native), which make test used"; \
-	for cap in $$caps; do \
-		echo "exact tests under ATEN_CPU_CAPABILITY=$$cap (this CPU: $$native, which make test used)"; \
-		ATEN_CPU_CAPABILITY=$$cap $(PYTEST) -m exact $(ARGS) || exit $$?; \
-	done
+	case $$native in avx512) caps="default,avx2";; avx2) caps="default";; *) caps="";; esac; \
+	if [ -z "$$caps" ]; then echo "exact tests: no capability below this CPU's ($$native), which make test used"; \
+	else echo "exact tests under ATEN_CPU_CAPABILITY=$$caps (this CPU: $$native, which make test used)"; \
+	MARLKIT_EXACT_CAPABILITIES=$$caps $(BIN)/python -m pytest -n $$(echo $$caps | tr , ' ' | wc -w) --dist each \
+		-m exact $(ARGS); fi
 
 benchmark: install  ## throughput: MAPPO training vs raw env stepping
 	$(BIN)/python benchmarks/throughput.py $(ARGS)

@@ -1,10 +1,23 @@
 import os
+import signal
 import sys
 from pathlib import Path
 
-import pytest
-import torch
-import yaml
+# make test-exact: every test process (pytest-xdist's worker gwK) runs every exact test, under the
+# K-th CPU capability named here, set before torch is imported (its kernels are chosen then; the
+# processes a test starts inherit it)
+EXACT_CAPABILITIES = [c for c in os.environ.get("MARLKIT_EXACT_CAPABILITIES", "").split(",") if c]
+if EXACT_CAPABILITIES and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["ATEN_CPU_CAPABILITY"] = EXACT_CAPABILITIES[int(os.environ["PYTEST_XDIST_WORKER"][2:])]
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+# make test runs the tests marked `waits` in a test process started in the background, which a
+# non-interactive shell starts with SIGINT ignored: a Ctrl+C must stop it as it stops the rest
+if not os.environ.get("PYTEST_XDIST_WORKER") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))   # benchmarks/grid_battle.py
@@ -109,3 +122,16 @@ def empty_rollout(agent, num_envs: int, horizon: int):
     """The rollout ``agent``'s storage gives a collect of ``num_envs`` envs and ``horizon`` steps."""
     from marlkit.storage import StorageLayout
     return agent.make_storage(StorageLayout(agent.group, agent.env, num_envs, horizon)).next_rollout()
+
+
+def pytest_report_header(config):
+    if EXACT_CAPABILITIES:
+        return f"exact tests under each of the CPU capabilities {', '.join(EXACT_CAPABILITIES)}, a test process each"
+
+
+def pytest_sessionstart(session):
+    """Where a worker was given a capability, its torch must run under it (a typo would not)."""
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY") if EXACT_CAPABILITIES else None
+    if wanted and torch.backends.cpu.get_cpu_capability().lower() != wanted.lower():
+        raise pytest.UsageError(f"ATEN_CPU_CAPABILITY={wanted}, but torch runs "
+                                f"{torch.backends.cpu.get_cpu_capability()} kernels")

@@ -63,6 +63,7 @@ def _run_deterministic(case: str, out: Path) -> dict:
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_mappo_and_ippo_match_their_golden_runs_bit_for_bit(case, tmp_path):
     golden = torch.load(GOLDEN / f"{case}.pt", weights_only=False)

@@ -37,6 +37,7 @@ def faults(mode: str, where: str = "main") -> int:
     return int(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     default, kept = faults("default"), faults("keep")
@@ -44,6 +45,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     assert kept < default / 4, (kept, default)  # at most a pass or two grows the heap once more
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_thread_beside_the_main_one_reuses_its_freed_memory_too():
     """The update beside collection runs in a thread of its own, which glibc would give an arena of

@@ -27,6 +27,7 @@ def only_run_dir(root, agent="MAPPO", suffix=""):
     return [r for r in runs if r.name.endswith(suffix) and (suffix or not r.name.endswith("_test"))]
 
 
+@pytest.mark.slow
 def test_train_benchmark_test_end_to_end(tmp_path):
     root = tmp_path / "runs"
     out = cli("--agent", "MAPPO", "--env", "mpe_spread", "--seed", "3", "--set", f"runner.run_root={root}",
@@ -91,6 +92,7 @@ def test_the_random_policy_is_tested_without_a_checkpoint_with_the_envs_statisti
     assert f"{stat['mean']:.3f} ± {stat['ci95']:.3f}" in out.stdout
 
 
+@pytest.mark.slow
 def test_render_writes_a_video(tmp_path):
     root = tmp_path / "runs"
     assert cli("--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY).returncode == 0
@@ -140,6 +142,7 @@ def test_list_shows_agents_and_envs():
         "Actor on each agent's own observation; critic on ``state``, encoded once."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args,message", [
     (["--agent", "MAPOO"], "unknown agent 'MAPOO' (did you mean 'MAPPO'?); valid agents: "),
     (["--agent", "MyPPO"], "if 'MyPPO' is your own agent, pass --import <module>"),
@@ -161,6 +164,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, args, message):
     assert not list(tmp_path.rglob("*.pt"))
 
 
+@pytest.mark.slow
 def test_mismatched_checkpoint_and_resume_flags_are_clean_errors(tmp_path):
     root = tmp_path / "runs"
     assert cli("--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY).returncode == 0
@@ -187,6 +191,7 @@ def test_test_and_benchmark_together_is_refused():
     assert out.returncode == 2 and "choose one of --test and --benchmark" in out.stderr
 
 
+@pytest.mark.slow
 def test_repeated_set_flags_are_all_applied(tmp_path):
     root = tmp_path / "runs"
     out = cli("--set", f"runner.run_root={root}", "--set", "runner.total_steps=50", "--set", *TINY)
@@ -211,6 +216,7 @@ def test_main_run_from_python_leaves_the_garbage_collector_as_it_was(tmp_path, m
     assert gc.get_freeze_count() == before
 
 
+@pytest.mark.slow
 def test_print_config_round_trips(tmp_path):
     """--print-config prints the merged config without starting anything; used as --config, the same
     flags give the same config."""
@@ -230,6 +236,7 @@ def test_print_config_round_trips(tmp_path):
     assert yaml.safe_load(again.stdout) == printed
 
 
+@pytest.mark.slow
 def test_progress_without_a_terminal_is_a_line_per_log_interval(tmp_path):
     """Captured output is no terminal: no bar redrawn with carriage returns, but one line per log
     interval, with the one rate marlkit measures."""

@@ -222,6 +222,7 @@ def test_resume_continues_exactly(tiny):
 # ---------------------------------------------------------------------- runs, groups, CLI
 
 
+@pytest.mark.slow
 def test_dying_agents_and_legal_actions_end_to_end(env_yaml, tiny):
     """Agents that spawn late and die early (truncation finals, absent slots), and an env that
     raises on any illegal action, through whole training runs."""
@@ -233,6 +234,7 @@ def test_dying_agents_and_legal_actions_end_to_end(env_yaml, tiny):
     assert masked.steps == 3200
 
 
+@pytest.mark.slow
 def test_two_groups_coma_next_to_mappo(env_yaml, tiny):
     """The discrete predator learns under COMA (reward for action 2) beside continuous MAPPO prey."""
     path = env_yaml("toy_envs:two_team", {"length": 8}, groups={"predator": {"agent": "COMA"}})
@@ -267,6 +269,7 @@ def test_listed_benchmark_runs_and_mpe_tag_with_mappo_opponents(tiny):
     assert saved["adversary"]["agent"] == "COMA" and saved["agent"]["agent"] == "MAPPO"
 
 
+@pytest.mark.slow
 def test_learns_on_mpe_spread(tiny):
     """Clearly better than the random policy (about -26.6, mean over agents) within 60k env steps."""
     run = marlkit.run(agent="COMA", env="mpe_spread", seed=1, **{**tiny, "runner.parallels": 16, "runner.horizon": 25,

@@ -3,6 +3,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("doc_samples", ROOT / "docs" / "samples.py")
 samples = importlib.util.module_from_spec(spec)
@@ -28,6 +30,7 @@ def test_a_changed_figure_is_found_and_a_new_speed_or_time_is_not():
     assert samples.rewrite(drifted, produced) == quoted.format(produced["s"])
 
 
+@pytest.mark.slow
 def test_the_docs_quote_what_the_commands_print_now():
     """Runs every sample's command (tictactoe's 60k-step benchmark, about a minute) under the
     default CPU kernels, and compares its figures with the docs'."""

@@ -150,9 +150,10 @@ def train_args(root: Path, vectorize: str, total: int) -> list[str]:
 
 VECTORIZE = ["sync", "subprocess"]
 # a Ray of the run's own (runner.ray_address null): its servers and actors are the run's descendants too
-WITH_RAY = [*VECTORIZE, "ray"]
+WITH_RAY = [*VECTORIZE, pytest.param("ray", marks=pytest.mark.waits)]   # Ray's start-up, mostly waited for
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_normal_end(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 64), tmp_path)
@@ -162,6 +163,7 @@ def test_normal_end(tmp_path, vectorize, watch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]   # no _vizdoom.ini, no _vizdoom/
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_ctrl_c(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
@@ -174,6 +176,7 @@ def test_ctrl_c(tmp_path, vectorize, watch):
     w.assert_all_gone(seconds=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize,sig", [("subprocess", signal.SIGTERM), ("subprocess", signal.SIGINT),
                                             ("sync", signal.SIGTERM)])
 def test_a_signal_to_the_whole_process_group_is_the_users_stop(tmp_path, vectorize, sig, watch):
@@ -208,6 +211,7 @@ marlkit.run(agent="MAPPO", env="doom_coop", **{k: yaml.safe_load(v) for k, v in 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", VECTORIZE)
 def test_exception_in_training(tmp_path, vectorize, watch):
     overrides = [*TINY, f"runner.vectorize={vectorize}", f"runner.run_root={tmp_path / 'runs'}",
@@ -226,6 +230,7 @@ def kill_a_player(w: Watched) -> int:
     return worker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", VECTORIZE)
 def test_player_worker_killed(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8) + ["env.restart_on_failure=false"], tmp_path)
@@ -244,6 +249,7 @@ def test_player_worker_killed(tmp_path, vectorize, watch):
     assert f"the run up to step {steps} is saved in {latest}" in stderr and "marlkit --resume" in stderr
 
 
+@pytest.mark.slow
 def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path, watch):
     """``env.restart_on_failure`` (on in doom_coop.yaml): the match restarts, the run finishes."""
     w = watch(train_args(tmp_path / "runs", "sync", 400) + ["env.restart_on_failure=true"], tmp_path)
@@ -258,6 +264,7 @@ def test_player_worker_killed_with_restart_the_run_goes_on(tmp_path, watch):
     w.assert_all_gone(seconds=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", WITH_RAY)
 def test_training_process_killed(tmp_path, vectorize, watch):
     w = watch(train_args(tmp_path / "runs", vectorize, 10 ** 8), tmp_path)
@@ -269,6 +276,7 @@ def test_training_process_killed(tmp_path, vectorize, watch):
     w.assert_all_gone(seconds=10)
 
 
+@pytest.mark.slow
 def test_test_render_writes_one_side_by_side_video_per_episode(tmp_path):
     root = tmp_path / "runs"
     out = subprocess.run([sys.executable, *train_args(root, "sync", 16)], cwd=tmp_path, capture_output=True,

@@ -40,6 +40,7 @@ def play(engine_wait_mode: str) -> tuple[int, float, list[bool]]:
         env.close()
 
 
+@pytest.mark.slow
 @needs_library
 def test_every_engine_loads_the_library_with_yield_and_none_with_spin_and_the_game_is_the_same():
     steps, spent, loaded = play("yield")

@@ -66,6 +66,7 @@ def play(env: DoomCoopEnv, steps: int = 5) -> None:
         env.step({a: 1 for a in env.agents})
 
 
+@pytest.mark.slow
 def test_a_matchs_engines_are_out_of_reach_of_the_machines_network():
     """The engines bind every interface of the network they are in, which is the match's own:
     loopback alone. The machine's tables do not hold their sockets, and a packet sent to the host's
@@ -166,6 +167,7 @@ def _without_sys_admin() -> list[str]:
     return probe
 
 
+@pytest.mark.slow
 def test_a_process_without_the_right_to_make_a_network_gets_one_per_match_too(shared_tmp):
     """Without CAP_SYS_ADMIN (an ordinary user's case), the keeper makes the match's network in a
     user namespace of its own, and the engines join both."""
@@ -185,6 +187,7 @@ def _no_namespaces_allowed() -> list[str]:
             "echo 0 > /proc/sys/user/max_user_namespaces && exec \"$@\"", "sh"]
 
 
+@pytest.mark.slow
 def test_where_the_system_refuses_a_network_the_matches_share_the_machines_with_one_warning(shared_tmp):
     """The documented fallback: the host engine listens on every interface of the machine's
     network, the run goes on, and one warning (for both matches) says so and why."""
@@ -245,6 +248,7 @@ def test_the_work_folder_of_a_process_killed_with_sigkill_goes_with_it(tmp_path)
             _kill(proc)
 
 
+@pytest.mark.slow
 def test_a_folder_whose_process_and_keeper_were_both_killed_goes_at_the_next_start(tmp_path):
     proc, work_dir, keeper, workers = _start_owner(tmp_path)
     try:

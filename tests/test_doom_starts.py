@@ -79,6 +79,7 @@ def first_positions(**options) -> np.ndarray:
         env.close()
 
 
+@pytest.mark.slow
 def test_players_of_a_single_player_map_spawn_apart_in_a_real_game():
     # Player 1's start stays the host's; the joiners take the added starts in the order they join
     apart = first_positions()
@@ -110,6 +111,7 @@ def episode_starts(**options) -> list[list[float]]:
     return starts
 
 
+@pytest.mark.slow
 def test_every_episode_starts_with_the_maps_ammo_and_health_in_a_real_game():
     """A network game restarts episodes through a level change, which keeps the inventory of living
     players: their pistol ammo runs down over episodes unless the copy resets it. The engine has

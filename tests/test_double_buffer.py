@@ -44,6 +44,7 @@ def _pair(agent, env, tiny, part_steps, seed=3, double_settings=None, **settings
     return plain, double
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
 @pytest.mark.parametrize("overlap", [True, False])
@@ -203,6 +204,7 @@ def test_double_buffering_with_the_workers_acting_is_refused_and_null_means_acti
     assert RunnerConfig(vectorize="subprocess").acts_in_workers()
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_a_double_buffered_run_resumes_exactly_without_it_and_back(tiny, part_steps):
     """Saved double-buffered (the next rollout in flight), resumed stepping the envs as one, then

@@ -104,6 +104,7 @@ def test_a_state_that_fails_keeps_the_last_one_with_one_warning(how, caplog, mon
     assert "scripted_v0" in warnings[0].getMessage() and "env.state: concat" in warnings[0].getMessage()
 
 
+@pytest.mark.slow
 def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, caplog, env_yaml, monkeypatch):
     """sisl multiwalker's state() fails on the step a walker falls (its hull is gone): training
     goes on over many such episode ends, with the one warning (in this process: the envs step here,
@@ -123,6 +124,7 @@ def test_multiwalker_trains_with_the_defaults_through_walkers_falling(tmp_path, 
     assert len(warnings) == 1 and "multiwalker" in warnings[0] and "env.state: concat" in warnings[0]
 
 
+@pytest.mark.slow
 def test_agents_that_see_a_blank_screen_are_named_with_the_key_that_mends_it(caplog, monkeypatch):
     """butterfly's cooperative_pong draws its screen only for a render mode: without one both paddles
     observe black for the whole first episode, and the adapter says so once per env class, naming

@@ -13,6 +13,7 @@ def _metrics(run) -> dict:
     return {k: v for k, v in run.metrics.items() if not k.startswith("perf/")}
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
 def test_the_same_seed_trains_the_same_in_train_and_benchmark_mode(tiny, agent):
@@ -28,6 +29,7 @@ def test_the_same_seed_trains_the_same_in_train_and_benchmark_mode(tiny, agent):
     assert often.evaluations[0]["mean"] == rarely.evaluations[0]["mean"]
 
 
+@pytest.mark.slow
 def test_a_benchmark_reports_the_random_policy_beside_the_trained_one(tiny, capsys):
     run = marlkit.run(agent="MAPPO", env="mpe_spread", mode="benchmark", seed=2,
                       **{**tiny, "runner.eval_episodes": 4})
@@ -118,6 +120,7 @@ def test_benchmark_rows_carry_intervals_and_best_follows_the_rule(tiny):
     assert torch.load(run.run_dir / "best.pt", weights_only=False)["steps"] == run.best["step"]
 
 
+@pytest.mark.slow
 def test_teams_that_play_each_other_are_chosen_on_their_returns_against_the_random_policy(tiny, env_yaml, capsys):
     """A zero-sum duel where both teams learn: their returns against each other sum to 0 whatever they
     learn, so best.pt would be chosen on noise (it kept the untrained step-0 policy in a two-team

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -12,6 +14,7 @@ def run(args, tmp_path, **env):
                           env={**os.environ, **env})
 
 
+@pytest.mark.slow
 def test_custom_env_example_trains_through_yaml(tmp_path):
     out = run([str(EXAMPLES / "custom_env.py"), "--steps", "4000", "--run-root", str(tmp_path)], tmp_path)
     assert out.returncode == 0, out.stderr
@@ -21,6 +24,7 @@ def test_custom_env_example_trains_through_yaml(tmp_path):
     assert list(tmp_path.glob("rendezvous/MAPPO/*/benchmark.json"))
 
 
+@pytest.mark.slow
 def test_custom_agent_example_runs_from_the_cli(tmp_path):
     listing = run([str(EXAMPLES / "custom_agent.py"), "--list"], tmp_path)
     assert "MAPPO_ENT_DECAY" in listing.stdout
@@ -36,6 +40,7 @@ def test_custom_agent_example_runs_from_the_cli(tmp_path):
     assert "MAPPO_ENT_DECAY" in out.stdout
 
 
+@pytest.mark.slow
 def test_custom_mixer_example_trains_from_the_cli(tmp_path):
     """A VDN subclass with a mixer of its own, registered in one file: it appears in --list, trains
     from the CLI (its mixer's weights move away from their start) and loads through --import."""

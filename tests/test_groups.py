@@ -61,6 +61,7 @@ def test_padding_refuses_what_it_cannot_pad_naming_the_agent():
         PettingZooEnv(_speaker_listener(continuous_actions=True), pad_spaces=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["QMIX", "MAPPO"])
 def test_one_mixer_or_critic_learns_for_a_team_of_unlike_agents(tiny, agent):
     """mpe_speaker_listener: one QMIX mixer (or one MAPPO critic) over both agents; the team learns
@@ -73,6 +74,7 @@ def test_one_mixer_or_critic_learns_for_a_team_of_unlike_agents(tiny, agent):
     assert random < -40 and last > random + 12, (random, last)
 
 
+@pytest.mark.slow
 def test_both_groups_learn_their_own_task(env_yaml, tiny):
     """Discrete predator (reward for action 2) and continuous prey (reward -|a - 0.5|) improve."""
     path = env_yaml("toy_envs:two_team", {"length": 8})

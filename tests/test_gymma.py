@@ -193,6 +193,7 @@ def test_mappo_trains_on_the_packaged_yamls(tiny, env_name, overrides, episodes)
     assert (result.run_dir / "latest.pt").is_file()
 
 
+@pytest.mark.slow
 def test_a_missing_env_module_is_a_one_line_config_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "marlkit", "--env", "lbf_8x8_2p_2f_coop", "--set",
                           "env.id=no_such_package:Foraging-8x8-2p-2f-coop-v3", f"runner.run_root={tmp_path}"],

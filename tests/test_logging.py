@@ -30,6 +30,7 @@ def test_console_logger_prints_metrics(capsys, tmp_path):
     assert "[        42] a/b=1.5" in out and "bad" not in out
 
 
+@pytest.mark.slow
 def test_wandb_without_a_key_runs_offline(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

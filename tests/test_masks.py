@@ -133,6 +133,7 @@ def test_multidiscrete_masks():
     assert mask[torch.arange(3000), a[:, 0]].all() and mask[torch.arange(3000), 3 + a[:, 1]].all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent_name", ["MAPPO", "random"])
 def test_training_never_sends_an_illegal_action(env_yaml, tiny, agent_name):
     """MaskedChoiceEnv raises on any illegal action; thousands of draws go through it."""

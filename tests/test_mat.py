@@ -175,6 +175,7 @@ def test_settings_mat_does_not_use_are_refused():
     assert cfg.agents["MAT"].n_block == 2 and cfg.agents["MAT"].n_embd == 64
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_resume_continues_exactly(tiny):
     common = {**tiny, "runner.parallels": 4, "runner.horizon": 25}
@@ -194,6 +195,7 @@ def test_mat_checkpoint_is_refused_by_mappo(tiny):
         marlkit.run(agent="MAPPO", env="mpe_spread", mode="test", load=ckpt, **tiny)
 
 
+@pytest.mark.slow
 def test_trains_with_dying_agents(env_yaml, tiny):
     """The scripted env: agent_1 dies after step 3, agent_2 spawns at step 3; masked slots must
     leave the losses finite and the values of present agents learned."""
@@ -205,6 +207,7 @@ def test_trains_with_dying_agents(env_yaml, tiny):
     assert run.metrics["agents/value_mean"] > 3.0
 
 
+@pytest.mark.slow
 def test_both_groups_of_the_two_team_env_learn(env_yaml, tiny):
     """One MAT per group: a Discrete group of one predator (reward for action 2) and a Box group
     of two prey (reward -|a - 0.5|); random play scores 2 and -10."""
@@ -225,6 +228,7 @@ def test_one_mat_group_beside_a_mappo_group_on_mpe_tag(tiny):
     assert state["adversary"]["agent"] == "MAT" and state["agent"]["agent"] == "MAPPO"
 
 
+@pytest.mark.slow
 def test_learns_on_mpe_spread(tiny):
     """Clearly better than random play (about -26.6, mean over agents) within 40k env steps. At 20k
     the bar sat within the spread of seeds (-24.5, -25.1 and -23.0 on seeds 1 to 3); at 40k they

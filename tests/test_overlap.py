@@ -151,6 +151,7 @@ class SlowAct(MAPPO):
         return super().act(*args, **kwargs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent, settings, hinted", [
     ("MAPPO_SLOW_UPDATE", {}, True),
     ("MAPPO_SLOW_UPDATE", {"runner.update_threads": 2}, False),   # the count is the user's already
@@ -166,6 +167,7 @@ def test_a_run_bound_by_its_update_says_once_how_it_may_run_faster(tiny, capsys,
         waited = int(re.search(r"collection waited for it (\d+)% of the last (\d+) updates", out).group(1))
         assert 50 <= waited <= 100
 
+@pytest.mark.slow
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT", "COMA"])
 def test_an_overlapped_run_resumes_exactly_with_its_next_rollout_saved(tiny, agent):
@@ -199,6 +201,7 @@ def test_a_rollout_in_flight_is_trained_on_when_the_run_resumes_without_overlap(
     assert state["updates"] == 9 and state["pending"]
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_overlapped_training_is_deterministic():
     """The learner's and the behaviour's draws come from generators of their own, so how the two
@@ -214,6 +217,7 @@ def test_overlapped_training_is_deterministic():
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 @pytest.mark.parametrize("env", ["mpe_spread", "lbf_8x8_2p_2f_coop"])
 def test_overlap_with_envs_in_this_process_learns_what_one_env_worker_learns(tiny, env):

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.waits   # on Ray's nodes and heartbeats, more than they compute
 from ray._private import ray_constants  # noqa: E402
 
 import marlkit
@@ -75,6 +76,7 @@ def _listening(pids) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 def test_nodes_and_their_servers_listen_on_loopback_only(cluster):
     nodes = _nodes_alive()
     assert len(nodes) == 3 and {n["NodeManagerAddress"] for n in nodes} == {LOOPBACK}
@@ -102,6 +104,7 @@ def _weights(run_dir: Path) -> dict:
     return torch.load(run_dir / "latest.pt", weights_only=False)["groups"]["agents"]["modules"]
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_training_on_the_cluster_is_identical_to_worker_processes_and_resumes_across_modes(cluster, tiny):
     """The driver acts for the Ray actors, the subprocess workers for themselves: with the acting
@@ -130,6 +133,7 @@ def _engines_of(pids) -> set[int]:
     return {p for pid in pids for p in descendants(pid) if is_engine(p)}
 
 
+@pytest.mark.slow
 def test_doom_matches_on_the_cluster_die_with_their_actors(cluster):
     from dataclasses import replace
 
@@ -168,6 +172,7 @@ def _cluster_node(cluster, node_id: str):
     return next(n for n in cluster.worker_nodes if n.node_id == node_id)
 
 
+@pytest.mark.slow
 def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_named(cluster):
     spare = cluster.add_node(num_cpus=1, node_ip_address=LOOPBACK)
     cluster.wait_for_nodes()
@@ -215,6 +220,7 @@ def _marlkit(*args, env=None, timeout=60):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
+@pytest.mark.slow
 def test_a_run_without_an_address_starts_its_own_ray_beside_a_running_cluster(cluster, tmp_path):
     """ray.init() with no address would join the cluster last started on this machine."""
     jobs, nodes = len(ray._private.state.jobs()), len(_nodes_alive())
@@ -225,6 +231,7 @@ def test_a_run_without_an_address_starts_its_own_ray_beside_a_running_cluster(cl
     assert len(ray._private.state.jobs()) == jobs and len(_nodes_alive()) == nodes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["RAY_ADDRESS", "runner.ray_address"])
 def test_a_run_given_a_cluster_joins_it_and_leaves_it_running(cluster, tmp_path, how):
     """The cluster's address from the environment (ray_address null) or from the setting: the run
@@ -239,6 +246,7 @@ def test_a_run_given_a_cluster_joins_it_and_leaves_it_running(cluster, tmp_path,
     assert len(ray._private.state.jobs()) == jobs + 1 and len(_nodes_alive()) == nodes
 
 
+@pytest.mark.slow
 def test_training_survives_a_lost_node_and_logs_the_restart(cluster, tiny):
     """A node is removed while a run trains on the cluster: its envs restart on a spare node,
     the run finishes its steps, and the restart is in its metrics."""
@@ -274,6 +282,7 @@ def test_training_survives_a_lost_node_and_logs_the_restart(cluster, tiny):
         del spare
 
 
+@pytest.mark.slow
 def test_a_bad_ray_address_fails_at_once_with_one_line(tmp_path):
     began = time.monotonic()
     out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
@@ -299,6 +308,7 @@ def test_without_ray_the_message_names_the_install_command(tmp_path):
     assert len(lines) == 1 and "pip install ray==2.60.0" in lines[0] and "runner.vectorize" in lines[0], out.stderr
 
 
+@pytest.mark.slow
 def test_more_env_actors_than_the_cluster_holds_are_refused_at_once(cluster, tmp_path):
     """doom_coop's YAML asks for 4 workers, which a cluster of 2 or 3 CPUs cannot hold: Ray would
     leave the actors that do not fit pending until runner.worker_start_timeout (2 minutes) ran out."""
@@ -370,6 +380,7 @@ def token_head():
         yield address
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("auth,why", [
     ({}, "needs its auth token, and this process sent none (RAY_AUTH_MODE is not token)"),
     ({"RAY_AUTH_MODE": "token"},
@@ -396,6 +407,7 @@ def _env_actors_on(node) -> int:
     return sum(cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(2))
 def test_a_node_lost_without_a_word_is_survived_and_ray_keeps_off_the_console(tmp_path, trial):
     """Three nodes of 2 CPUs, 4 env actors; the node with the most actors dies (its processes
@@ -489,6 +501,7 @@ def test_rays_messages_are_held_then_kept_in_a_temp_file_or_the_run_directory(tm
         kept.path.unlink()
 
 
+@pytest.mark.slow
 def test_the_one_machine_try_out_listens_on_loopback_and_stops_on_ctrl_c():
     with _try_out(2, 1) as (proc, address):
         assert address.startswith(f"{LOOPBACK}:")

@@ -18,6 +18,7 @@ def _run(tiny, **extra):
                                                                    "runner.horizon": 25, **extra})
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 @pytest.mark.parametrize("agent", ["MAPPO", "IPPO"])
 def test_resume_continues_exactly(tiny, agent):
@@ -130,6 +131,7 @@ def test_plain_resume_of_a_benchmark_run_goes_on_evaluating(tiny):
     assert [e["step"] for e in report["evaluations"]] == [0, 20, 40, 60, 80]
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_a_wrapped_env_resumes_exactly_when_its_env_does(tiny, battle_yaml):
     """The grid battle of benchmarks/scaling.py (pure Python, declared exact) with a frame stack: the

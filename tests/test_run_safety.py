@@ -102,6 +102,7 @@ def outside_state(**kwargs):
 
 # -- --set env.* ----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_set_env_keys_work_from_the_cli(tmp_path):
     root = tmp_path / "runs"
     out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "env.kwargs.N=2",
@@ -131,6 +132,7 @@ def saved_run(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change,key,saved_value", [
     ("runner.parallels=8", "runner.parallels", "2"),
     ("runner.horizon=10", "runner.horizon", "25"),
@@ -148,6 +150,7 @@ def test_resume_with_a_frozen_setting_changed_is_refused_and_the_run_stays_intac
     assert snapshot(saved_run) == before
 
 
+@pytest.mark.slow
 def test_a_refused_resume_leaves_the_run_resumable(saved_run, tmp_path):
     import shutil
     run = tmp_path / saved_run.name
@@ -169,6 +172,7 @@ def test_resume_without_latest_checkpoint_fails_before_any_env_starts(saved_run,
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_says_so_and_how_to_extend_it(saved_run, tmp_path):
     import shutil
     run = tmp_path / saved_run.name
@@ -192,6 +196,7 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, en
     assert not root.exists() or not any(root.rglob("*"))
 
 
+@pytest.mark.slow
 def test_a_run_whose_env_breaks_at_its_first_step_leaves_no_directory(tmp_path, env_yaml):
     """The worker's traceback, with no run directory to hold it, goes to a temp file the error names
     (here in the test's own folder)."""
@@ -285,6 +290,7 @@ def _wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
     pytest.fail(f"processes of group {pgid} outlived marlkit by {timeout:g} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("to", ["marlkit", "group"])
 def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig, to):
@@ -310,6 +316,7 @@ def test_interrupt_saves_latest_checkpoint_and_says_how_to_resume(tmp_path, sig,
     assert read_steps(latest) == steps + 50
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_test_episodes_says_so_and_leaves_no_test_directory(tmp_path):
     root = tmp_path / "runs"
     out = cli("--set", f"runner.run_root={root}", "runner.total_steps=50", "runner.save_interval=50", *TINY)
@@ -324,6 +331,7 @@ def test_ctrl_c_during_test_episodes_says_so_and_leaves_no_test_directory(tmp_pa
 
 # -- imports travel with the run ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_imported_agent_is_recorded_and_reimported_on_resume_and_test(tmp_path):
     root = tmp_path / "runs"
     out = cli("--import", "custom_agent", "--agent", "MAPPO_ENT_DECAY", "--set", f"runner.run_root={root}",
@@ -394,6 +402,7 @@ def test_best_metric_names_a_group(tiny):
         marlkit.run(agent="MAPPO", env="mpe_tag", **{**tiny, "runner.best_metric": "good"})
 
 
+@pytest.mark.slow
 def test_wandb_offline_says_where_the_run_is_and_how_to_sync(tmp_path):
     root = tmp_path / "runs"
     out = cli("--logger", "wandb", "--set", f"runner.run_root={root}", "runner.total_steps=50", *TINY,
@@ -405,6 +414,7 @@ def test_wandb_offline_says_where_the_run_is_and_how_to_sync(tmp_path):
     assert Path(where).is_dir() and Path(where).is_relative_to(root)
 
 
+@pytest.mark.slow
 def test_progress_bar_keeps_its_total_when_budget_is_not_whole_rollouts(tmp_path):
     root = tmp_path / "runs"
     args = [a for a in TINY if not a.startswith("runner.progress")]
@@ -451,6 +461,7 @@ def test_help_and_list_do_not_import_torch():
         assert out.stdout.strip().splitlines()[-1] == "False", (flag, out.stdout[-500:], out.stderr[-500:])
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_a_user_yaml_env_is_tested_without_repeating_the_env(tmp_path, env_yaml):
     root = tmp_path / "runs"
     path = env_yaml("toy_envs:two_team", {"length": 8}, name="my_teams.yaml")
@@ -469,6 +480,7 @@ def test_a_checkpoint_of_a_user_yaml_env_is_tested_without_repeating_the_env(tmp
 SLOW_UPDATE = ["agents.MAPPO.epochs=20000", "runner.save_interval=50"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
 def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds(tmp_path, sig, vectorize):
@@ -489,6 +501,7 @@ def test_a_stop_during_an_update_ends_it_at_a_minibatch_and_saves_within_seconds
 
 
 
+@pytest.mark.slow
 def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint_whole(tmp_path, env_yaml):
     """The env hangs at its 60th step, inside the third rollout, so the first signal's stop at the end
     of the rollout never comes; the second one ends the run there and then."""
@@ -505,6 +518,7 @@ def test_a_second_signal_exits_at_once_and_keeps_the_last_checkpoint_whole(tmp_p
     assert not list(run.glob("*.tmp*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("vectorize", ["sync", "subprocess"])
 def test_a_run_stopped_by_its_env_saves_the_last_rollout_and_says_how_to_resume(tmp_path, env_yaml, vectorize):
     """The env breaks its API at its 60th step (sync: an EnvAPIError; subprocess: its worker dies),
@@ -526,6 +540,7 @@ def test_a_run_stopped_by_its_env_saves_the_last_rollout_and_says_how_to_resume(
     assert read_steps(latest) == 150
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_fit_in_memory_is_refused_in_one_line_before_it_starts(tmp_path, env_yaml):
     """3 agents x 200,000 float32 values x 1,000 steps x 32 envs: about 72 GB of rollout alone."""
     root = tmp_path / "runs"
@@ -591,6 +606,7 @@ import marlkit
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("guarded", [False, True])
 def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path, guarded):
     """Spawned worker processes start by importing the main script again (the start method of
@@ -614,6 +630,7 @@ def test_a_script_without_a_main_guard_gets_one_line_saying_what_to_add(tmp_path
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux alone")
 def test_a_script_without_a_main_guard_runs_where_workers_are_forked(tmp_path):
     """On Linux, in a process with no other thread, workers are forked (``runner.start_method:
@@ -641,6 +658,7 @@ def test_a_script_read_from_standard_input_is_refused_before_any_worker_starts(t
     assert "EnvWorkerError" not in out.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_an_env_error_in_a_worker_is_one_line_and_its_traceback_goes_to_the_run_directory(tmp_path, env_yaml):
     root = tmp_path / "runs"
     path = env_yaml("toy_envs:broken", {"how": "missing_obs", "break_at": 60})

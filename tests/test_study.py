@@ -24,6 +24,7 @@ from marlkit.study.scheduler import Sizing, size_jobs
 from marlkit.study.spec import PlannedRun
 
 rliable = pytest.importorskip("rliable")
+pytestmark = pytest.mark.waits   # on whole studies of small runs, more than they compute
 from rliable import library, metrics  # noqa: E402
 
 TESTS = str(Path(__file__).parent)
@@ -101,6 +102,7 @@ def descendants(pid: int) -> list[int]:
     return below
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_a_study_killed_outright_leaves_no_run_behind(tmp_path):
     """SIGKILL to the study process alone: the job server it forked its runs from ends with it, and
@@ -160,6 +162,7 @@ def killed_and_rerun(tmp_path_factory):
     return root, env, left, (first_out, first_err), again
 
 
+@pytest.mark.slow
 def test_runs_land_in_fixed_directories_as_ordinary_benchmark_runs(killed_and_rerun):
     root, _, left, _, again = killed_and_rerun
     for d in run_dirs(root):
@@ -201,6 +204,7 @@ def test_a_killed_study_finishes_on_the_same_command_with_no_run_trained_twice(k
         assert steps == sorted(set(steps)) and steps[-1] == TOTAL   # every evaluation once
 
 
+@pytest.mark.slow
 def test_report_numbers_are_those_of_the_runs_benchmark_json(killed_and_rerun):
     """Recomputed here from the benchmark.json files with rliable's own bootstrap (same generator
     seed and resamples), not with the study's code."""
@@ -238,6 +242,7 @@ def test_report_files_are_written_and_regenerated_alone(killed_and_rerun):
     assert (study_dir / "report.md").read_text() == before
 
 
+@pytest.mark.slow
 def test_a_changed_config_is_refused_naming_the_difference(killed_and_rerun):
     root, env, _, _, _ = killed_and_rerun
     out = marlkit(*study_args(str(env), root, "runner.total_steps=6000"))
@@ -250,6 +255,7 @@ def test_a_changed_config_is_refused_naming_the_difference(killed_and_rerun):
     assert out.returncode == 2 and "seeds=[1, 2], now [1, 3]" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_run_stopped_in_its_last_rollout_gets_its_report_without_training(killed_and_rerun):
     """Training done, benchmark.json missing (the stop came during the last rollout): the same
     command writes the report from the checkpoint and trains nothing."""
@@ -368,6 +374,7 @@ def few_reps(monkeypatch):
     monkeypatch.setattr(stats, "CURVE_REPS", 300)
 
 
+@pytest.mark.slow
 def test_statistics_equal_rliables_on_a_fixed_array(few_reps):
     """The study's vectorised bootstrap draws rliable's resamples in rliable's order: points and
     intervals equal those of rliable's own functions."""
@@ -440,6 +447,7 @@ def test_scores_are_normalised_between_the_random_policy_and_the_reference():
 
 # -- Ray ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_ray_backend_runs_each_run_as_a_task_and_stops_them_to_resume(tmp_path):
     """A local Ray (127.0.0.1): the runs are tasks that reserve a CPU each; the study killed while
     they train stops them through their tasks, each saves, and the same command finishes them."""

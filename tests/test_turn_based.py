@@ -13,6 +13,7 @@ from marlkit.envs.factory import make_env_vector
 GAMES = {"tictactoe": ("pettingzoo.classic.tictactoe_v3:env", 5), "connect_four": ("pettingzoo.classic.connect_four_v3:env", 7)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("game", GAMES)
 @pytest.mark.parametrize("policy", ["random", "MAPPO"])
 def test_only_the_agent_to_move_acts_and_never_makes_an_illegal_move(env_yaml, game, policy):
@@ -68,6 +69,7 @@ def test_the_winning_move_pays_and_ends_both_players_games():
     env.close()
 
 
+@pytest.mark.slow
 def test_mappo_learns_to_beat_a_random_player_at_tictactoe(tmp_path, env_yaml):
     """player_1 learns (MAPPO), player_2 plays at random; --benchmark measures the random policy
     in both seats first: player_1 then wins about 55% of its games, after 40k steps about 90%."""

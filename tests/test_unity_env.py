@@ -196,6 +196,7 @@ def test_flattened_actions_use_the_exact_joint_mask(tmp_path):
         assert got["violations"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["die", "hang", "never"])
 def test_a_broken_scene_is_a_clear_error_within_the_timeout_and_leaves_no_process(fault):
     """Without ``restart_on_failure`` (a scene that never connects is an error either way)."""
@@ -226,6 +227,7 @@ def test_a_missing_build_is_named():
 NOT_A_BUILD = "touch {marker}\n"   # a text file with the run bit: /bin/sh would run it as commands
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("problem", ["missing", "not executable", "not a build"])
 def test_a_bad_build_path_is_a_config_error_in_one_line_before_any_launch(tmp_path, problem):
     """From the command line: exit 2, one line naming env.file_name and the fix, no run directory,
@@ -447,6 +449,7 @@ def test_each_env_of_a_vector_env_gets_its_own_scene_and_port():
     assert standin_pids(tag) == []
 
 
+@pytest.mark.slow
 def test_a_scene_dying_during_training_stops_the_run_with_its_reason_and_leaves_no_process(tmp_path):
     """Subprocess workers, each with its own stand-in; one scene exits after 30 steps, and is not
     relaunched (``restart_on_failure: false``)."""
@@ -637,6 +640,7 @@ def gone_soon(pids: list[int], timeout: float = 5.0) -> list[int]:
     return [p for p in pids if running(p)]
 
 
+@pytest.mark.slow
 def test_a_build_that_never_connects_is_killed_with_its_children(tmp_path):
     """mlagents killed the build's own process at the timeout, and left the children it started."""
     script, pids = launcher(tmp_path)
@@ -694,6 +698,7 @@ def test_a_parent_killed_before_the_build_is_recorded_never_runs_it(tmp_path):
     assert ran == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallels", [1, 2])
 def test_ctrl_c_while_the_builds_connect_leaves_no_build(tmp_path, parallels):
     """Ctrl+C while marlkit waits inside ML-Agents' constructor for the builds to connect (in
@@ -740,6 +745,7 @@ def is_watcher(pid: int) -> bool:
     return b"groups = set()" in _cmdline(pid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallels", [1, 2])
 def test_sigkill_while_the_scenes_start_leaves_no_process(tmp_path, parallels):
     """The training process killed with SIGKILL while its scenes are still starting (in process for
@@ -846,6 +852,7 @@ def test_a_fixed_port_in_use_is_one_line_naming_the_fix(tmp_path):
     assert "Traceback" not in out.stderr and "Error" not in out.stderr, out.stderr
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_fixed_port_in_use_stops_in_one_line_and_takes_its_scene_along(tmp_path):
     """Two marlkit runs with the same fixed env.base_port: the second exits 2 with the one line
     naming the port and the fix and takes its own scene along; the first runs on, its scene alone."""
@@ -927,6 +934,7 @@ def test_a_dead_scene_is_relaunched_and_its_episodes_end_truncated(tmp_path, cap
     assert standin_pids(tag) == []
 
 
+@pytest.mark.slow
 def test_failures_in_a_row_stop_with_one_line_and_leave_no_scene(tmp_path):
     """Every launch of the scene exits at its first step: two failures in a row end it."""
     env, tag = make(None, "--die-after", "0", timeout_wait=10, max_failures=2)
@@ -944,6 +952,7 @@ def test_failures_in_a_row_stop_with_one_line_and_leave_no_scene(tmp_path):
     assert standin_pids(tag) == []
 
 
+@pytest.mark.slow
 def test_training_goes_on_over_scenes_that_die(tmp_path):
     """Two scenes in env workers, each exiting after 50 steps, every launch: the run reaches its
     step count and saves, and the restarts are counted in its metrics."""

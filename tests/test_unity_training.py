@@ -193,6 +193,7 @@ def test_recurrent_state_restarts_with_the_agents_episode(tmp_path, captured):
             assert (np.abs(hidden[t, 0, slot]).sum() == 0) == fresh, (t, slot)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
 def test_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path, agent):
     """``marlkit --agent <agent> --env unity --set env.file_name=<stand-in>``: without group rewards the
@@ -369,6 +370,8 @@ def test_the_worker_timeout_waits_out_a_scenes_timeout_and_relaunches(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.waits   # a minute, for the scene's timeout
 def test_a_scene_hung_at_the_default_timeouts_is_relaunched_before_its_worker_is_given_up(tmp_path):
     """Two scenes in env workers, at the packaged timeouts: one stops answering at its 20th step
     (once: its relaunch runs on). Its env finds it hung after env.timeout_wait (60 s), relaunches it,
@@ -385,6 +388,7 @@ def test_a_scene_hung_at_the_default_timeouts_is_relaunched_before_its_worker_is
     assert standin_pids(tag) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parallels", [1, 2])
 def test_a_scene_failure_is_one_line_and_its_traceback_goes_to_error_log(tmp_path, parallels):
     """A scene that exits (not relaunched): the same one line whether it is stepped in this process

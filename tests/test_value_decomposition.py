@@ -296,6 +296,7 @@ def test_masked_slots_never_affect_learning(agent_name, td_lambda):
 # ---------------------------------------------------------------------- learning
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agent", FAMILY)
 def test_learns_the_signal_game(tiny, env_yaml, agent):
     """Both agents paid only when both pick the signal they see: random play earns 5/9 per episode,
@@ -339,6 +340,7 @@ def test_acting_in_the_workers_trains_as_acting_here(tiny, env_yaml):
     assert_same_training(here, there)
 
 
+@pytest.mark.slow
 def test_test_mode_plays_the_greedy_policy(tmp_path, env_yaml):
     path = env_yaml(SIGNAL["factory"], SIGNAL["kwargs"])
     common = {"runner.run_root": str(tmp_path / "runs"), "runner.progress": False, "logger": "none"}

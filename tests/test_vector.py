@@ -168,6 +168,7 @@ def test_a_config_error_in_a_worker_reaches_the_parent_as_itself():
     assert "worker traceback" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_hung_worker_times_out():
     venv = SubprocVectorEnv(fns(2, factory="toy_envs:crashing", mode="hang", at=1), num_workers=2, timeout=2)
     try:
@@ -267,6 +268,7 @@ def test_training_with_subprocess_workers_leaves_no_process(tiny):
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_hung_worker_is_terminated_and_its_env_children_closed(tmp_path):
     """terminate() sends SIGTERM: the worker unwinds and closes its env, which ends the game process."""
     pid_file = tmp_path / "pids"
@@ -306,6 +308,7 @@ def _resumed_with_other_workers(tiny, act_batch):
     return full, resumed
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_resume_with_another_worker_count_is_exact_with_act_batch(tiny):
     """With ``runner.act_batch: 1`` every env is acted on alone, whichever worker holds it."""

@@ -93,6 +93,7 @@ def test_a_group_that_does_not_learn_acts_in_the_workers_too(tiny):
     _weights_equal(here, there, group="adversary")
 
 
+@pytest.mark.slow
 @pytest.mark.exact
 def test_a_run_resumes_exactly_from_workers_acting_to_this_process_acting_and_back(tiny):
     """Saved with the workers acting (and the next rollout in flight), resumed with this process
@@ -111,6 +112,7 @@ def test_a_run_resumes_exactly_from_workers_acting_to_this_process_acting_and_ba
     _weights_equal(full, resumed)
 
 
+@pytest.mark.slow
 def test_a_worker_whose_env_hangs_mid_rollout_is_an_error_within_the_timeout(tiny, env_yaml):
     path = env_yaml("toy_envs:crashing", {"mode": "hang", "at": 7})
     start = time.monotonic()
@@ -122,6 +124,7 @@ def test_a_worker_whose_env_hangs_mid_rollout_is_an_error_within_the_timeout(tin
     assert not [v for v in OPEN_VECTOR_ENVS if not v.closed]
 
 
+@pytest.mark.slow
 def test_a_slow_rollout_that_keeps_stepping_is_not_a_timeout(tiny, env_yaml):
     """The timeout is per env step, not per rollout: 20 steps of 0.15 s each take 3 s against a
     timeout of 1 s."""
@@ -191,6 +194,7 @@ print(resolve_start_method("auto"))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux alone")
 def test_auto_start_method_forks_only_a_single_threaded_process():
     """``auto`` forks where nothing runs that a forked child would lack: no other Python thread, and
