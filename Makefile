@@ -29,16 +29,8 @@ install: $(BIN)/.installed
 train: install  ## MAPPO on the embedded default env, mpe_spread (2M env steps)
 	$(BIN)/marlkit --agent MAPPO --env mpe_spread $(ARGS)
 
-# the tests marked `waits` (Ray's nodes and heartbeats, whole studies, a scene's minute-long timeout)
-# run in a test process of their own beside the others, which take the cores they leave idle; its
-# report follows theirs
 test: install  ## the test suite (also runs both examples on a tiny budget)
-	@waits=$$(mktemp); \
-	$(BIN)/python -m pytest -m waits $(ARGS) > $$waits 2>&1 & pid=$$!; \
-	$(PYTEST) -m "not waits" $(ARGS); rest=$$?; \
-	wait $$pid; code=$$?; \
-	echo "=== the tests marked waits, in a test process of their own (exit code $$code):"; cat $$waits; rm -f $$waits; \
-	[ $$rest -eq 0 ] && [ $$code -eq 0 ]
+	$(PYTEST) $(ARGS)
 
 # the inner loop: every test but those marked slow (learning runs, real clusters, games, timeouts)
 test-fast: install

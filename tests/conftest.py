@@ -1,5 +1,4 @@
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -13,11 +12,6 @@ if EXACT_CAPABILITIES and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import yaml  # noqa: E402
-
-# make test runs the tests marked `waits` in a test process started in the background, which a
-# non-interactive shell starts with SIGINT ignored: a Ctrl+C must stop it as it stops the rest
-if not os.environ.get("PYTEST_XDIST_WORKER") and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).parent.parent / "benchmarks"))   # benchmarks/grid_battle.py

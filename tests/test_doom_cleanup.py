@@ -150,7 +150,7 @@ def train_args(root: Path, vectorize: str, total: int) -> list[str]:
 
 VECTORIZE = ["sync", "subprocess"]
 # a Ray of the run's own (runner.ray_address null): its servers and actors are the run's descendants too
-WITH_RAY = [*VECTORIZE, pytest.param("ray", marks=pytest.mark.waits)]   # Ray's start-up, mostly waited for
+WITH_RAY = [*VECTORIZE, "ray"]
 
 
 @pytest.mark.slow

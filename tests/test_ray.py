@@ -19,7 +19,6 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.waits   # on Ray's nodes and heartbeats, more than they compute
 from ray._private import ray_constants  # noqa: E402
 
 import marlkit

@@ -24,7 +24,6 @@ from marlkit.study.scheduler import Sizing, size_jobs
 from marlkit.study.spec import PlannedRun
 
 rliable = pytest.importorskip("rliable")
-pytestmark = pytest.mark.waits   # on whole studies of small runs, more than they compute
 from rliable import library, metrics  # noqa: E402
 
 TESTS = str(Path(__file__).parent)

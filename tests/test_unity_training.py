@@ -371,7 +371,6 @@ def test_the_worker_timeout_waits_out_a_scenes_timeout_and_relaunches(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.waits   # a minute, for the scene's timeout
 def test_a_scene_hung_at_the_default_timeouts_is_relaunched_before_its_worker_is_given_up(tmp_path):
     """Two scenes in env workers, at the packaged timeouts: one stops answering at its 20th step
     (once: its relaunch runs on). Its env finds it hung after env.timeout_wait (60 s), relaunches it,
