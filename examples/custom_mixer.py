@@ -46,7 +46,7 @@ class WeightedVDN(VDN):
     config_cls = WeightedVDNConfig
 
     def build_mixer(self) -> nn.Module:
-        return WeightedSumMixer(self.n_agents, self.cfg.initial_weight)
+        return WeightedSumMixer(self.mixed_agents, self.cfg.initial_weight)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ class EnvConfig:
 
     type: str = "pettingzoo"
     groups: Optional[dict[str, list[str]]] = None
+    # team name -> its groups: the groups that share a reward, scored, evaluated and mixed as one
+    # (groups left out are teams of their own); null: what the env type declares, else the groups
+    # whose rewards were equal at every step of the random policy's first steps
+    teams: Optional[dict[str, list[str]]] = None
     max_episode_steps: Optional[int] = field(default=None, metadata=_range(1))
     render_mode: Optional[str] = None
     # observation wrappers for image envs (marlkit/envs/wrappers.py): [H, W], and K frames per obs
@@ -96,8 +100,9 @@ class RunnerConfig:
     run_root: str = "runs"
     progress: bool = True
     video_fps: Optional[int] = field(default=None, metadata=_range(1))
-    # Which evaluation return picks best.pt: a group's name, or None for the mean over the learning
-    # groups (right for cooperative groups; name one group in competitive envs).
+    # Which evaluation return picks best.pt: a team's (env.teams) or a group's name (its team's
+    # return), or None for the mean over the learning teams, each against the random policy playing
+    # the other teams where several learn
     best_metric: Optional[str] = None
 
     # collect the next rollout while the update runs (policy lag 1); null: on where the envs step

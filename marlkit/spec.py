@@ -100,6 +100,20 @@ class EnvSpec:
     # the most steps an episode lasts, where the env knows it (its time limit), else None: a replay of
     # episodes sizes its slots with it
     episode_limit: int | None = None
+    # team name -> its groups, in the env's group order: the groups that share a reward. Declared by
+    # env types that know them (a Unity scene's team ids), else settled by the runner (env.teams,
+    # or the random policy's rewards); None: not settled yet
+    teams: dict[str, list[str]] | None = None
+
+    def team_of(self, group: str) -> str:
+        """The team ``group`` plays in (its own name where teams are not settled)."""
+        return next((t for t, members in (self.teams or {}).items() if group in members), group)
+
+    def state_in_obs_of(self, group: str) -> bool:
+        """Whether ``group``'s own observations hold all that the state tells its team: the state
+        was built from the observations, and no other group plays in its team (a critic that pools
+        the group's observations would miss its teammates' otherwise)."""
+        return self.state_from_obs and (self.teams or {}).get(self.team_of(group), [group]) == [group]
 
     def signature(self) -> dict:
         return {g: spec.signature() for g, spec in self.groups.items()}

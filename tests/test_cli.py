@@ -62,8 +62,8 @@ def test_train_benchmark_test_end_to_end(tmp_path):
     assert "agents -" in bench.stdout and " ± " in bench.stdout
     assert (brun / "best.pt").is_file() and (brun / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "benchmark: IPPO on mpe_spread" in bench.stdout
-    assert f"best.pt: step {report['best']['step']}, chosen on the mean return of the learning groups" in bench.stdout
-    assert report["best_metric"] == "mean return of the learning groups"
+    assert f"best.pt: step {report['best']['step']}, chosen on the mean return of the learning teams" in bench.stdout
+    assert report["best_metric"] == "mean return of the learning teams"
 
     test = cli("--agent", "IPPO", "--env", "mpe_spread", "--test", "--load", str(brun / "best.pt"), "--set",
                f"runner.run_root={root}", "runner.test_episodes=4", *TINY)

@@ -140,6 +140,6 @@ def test_teams_that_play_each_other_are_chosen_on_their_returns_against_the_rand
     out = capsys.readouterr().out
     assert "vs the random policy" in out and "red vs random " in out
     report = json.loads((run.run_dir / "benchmark.json").read_text())
-    assert report["best_metric"] == ("mean return of the learning groups against the random policy playing the "
-                                     "other groups")
+    assert report["best_metric"] == ("mean return of the learning teams against the random policy playing the "
+                                     "other teams")
     assert report["final"]["vs_random"]["red"]["mean"] > 1.0

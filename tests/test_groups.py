@@ -62,15 +62,19 @@ def test_padding_refuses_what_it_cannot_pad_naming_the_agent():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["QMIX", "MAPPO"])
-def test_one_mixer_or_critic_learns_for_a_team_of_unlike_agents(tiny, agent):
-    """mpe_speaker_listener: one QMIX mixer (or one MAPPO critic) over both agents; the team learns
-    within 12k env steps (random play about -51 per episode; -34 for QMIX at 10k on the 2-core VM)."""
+@pytest.mark.parametrize("agent,pad_spaces", [("QMIX", True), ("MAPPO", True), ("QMIX", False)])
+def test_one_mixer_or_critic_learns_for_a_team_of_unlike_agents(tiny, agent, pad_spaces):
+    """mpe_speaker_listener: one QMIX mixer (or one MAPPO critic) over both agents, whether they
+    are padded into one group or are two groups of one team; the team learns within 12k env steps
+    (random play about -51 per episode; -34 for QMIX at 10k on the 2-core VM)."""
     run = marlkit.run(agent=agent, env="mpe_speaker_listener", mode="benchmark", seed=1, **{
-        **tiny, "runner.vectorize": "sync", "runner.parallels": 16, "runner.horizon": 25,
-        "runner.total_steps": 12_000, "runner.eval_interval": 12_000, "runner.eval_episodes": 32,
-        "runner.eval_parallels": 8})
-    random, last = run.baseline["mean"]["agents"], run.evaluations[-1]["mean"]["agents"]
+        **tiny, "env.pad_spaces": pad_spaces, "runner.vectorize": "sync", "runner.parallels": 16,
+        "runner.horizon": 25, "runner.total_steps": 12_000, "runner.eval_interval": 12_000,
+        "runner.eval_episodes": 32, "runner.eval_parallels": 8})
+    [team] = run.teams.values()
+    random, last = run.baseline["teams"], run.evaluations[-1]["teams"]
+    random, last = [float(np.mean([row[t]["mean"] for t in run.teams])) for row in (random, last)]
+    assert len(team) == (1 if pad_spaces else 2)
     assert random < -40 and last > random + 12, (random, last)
 
 

@@ -396,8 +396,8 @@ def test_yaml_errors_name_the_file(tmp_path):
         marlkit.run(config=[str(unknown)])
 
 
-def test_best_metric_names_a_group(tiny):
-    with pytest.raises(ConfigError, match=r"runner.best_metric: 'good' is not a group of this env; "
+def test_best_metric_names_a_group_or_a_team(tiny):
+    with pytest.raises(ConfigError, match=r"runner.best_metric: 'good' is not a group or team of this env; "
                                           r"choose one of adversary, agent, or null for the mean"):
         marlkit.run(agent="MAPPO", env="mpe_tag", **{**tiny, "runner.best_metric": "good"})
 
@@ -448,7 +448,7 @@ def test_best_checkpoint_is_chosen_on_the_configured_group(tiny, env_yaml, best_
     assert all(row["score"] == row["vs_random"][best_metric]["mean"] for row in evals)
     assert report["best"]["step"] == best_by_the_rule(evals)["step"]
     assert report["best_metric"] == (f"return of group {best_metric!r} against the random policy playing the "
-                                     "other groups")
+                                     "other teams")
 
 
 def test_help_and_list_do_not_import_torch():

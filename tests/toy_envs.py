@@ -439,13 +439,13 @@ class DuelEnv(ParallelEnv):
     """A zero-sum game of two teams of one agent, ``red_0`` and ``blue_0`` (Discrete(2) each): every
     step red is paid ``a_red - a_blue`` and blue the opposite, so both learn to play 1, their returns
     against each other sum to 0 whatever they learn, and each earns up to ``length / 2`` per episode
-    against a random opponent."""
+    against a random opponent. ``stakes`` 0 pays nothing: no reward tells the two apart."""
 
     metadata = {"name": "duel_v0"}
 
-    def __init__(self, length=6):
+    def __init__(self, length=6, stakes=1.0):
         self.possible_agents = ["red_0", "blue_0"]
-        self.length = length
+        self.length, self.stakes = length, stakes
 
     def observation_space(self, agent):
         return spaces.Box(0, 1, (2,), np.float32)
@@ -458,7 +458,7 @@ class DuelEnv(ParallelEnv):
         return {a: np.array([self.t / self.length, 1.0], np.float32) for a in self.agents}, {a: {} for a in self.agents}
 
     def step(self, actions):
-        red = float(actions["red_0"] - actions["blue_0"])
+        red = self.stakes * float(actions["red_0"] - actions["blue_0"])
         self.t += 1
         done = self.t >= self.length
         obs = {a: np.array([self.t / self.length, 1.0], np.float32) for a in self.agents}

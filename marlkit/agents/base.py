@@ -6,6 +6,7 @@ An agent controls one group of agents. The runner and its collector use it throu
 - ``make_storage(layout)``: the storage its family learns from (a rollout learned from once, or a
   replay of episodes), which the collector fills and turns into a batch at each rollout boundary;
 - ``schedule``: when it learns (env steps before the first update);
+- ``join_team(members)``: a team of several groups, each with an agent of one class, learns as one;
 - ``update(batch, progress)`` -> metrics, on what the storage gave;
 - ``snapshot(first_env, num_envs)``, ``policy_state_dict()`` / ``load_policy_state_dict()``: an acting copy
   (the policy the collector, an env worker or Ray's driver acts with) and the weights that bring it
@@ -131,6 +132,13 @@ class Agent:
     @classmethod
     def check_group(cls, group: GroupSpec) -> None:
         """Reject a group this agent cannot drive (its spaces); see ``checks_groups``."""
+
+    @classmethod
+    def join_team(cls, members: dict[str, "Agent"]) -> None:
+        """The agents of one team's groups (``EnvSpec.teams``), all of this class and learning,
+        in group order, built and before any weights are loaded: a family that learns a team's
+        value across groups (a mixer over all their agents) ties them here. By default each group
+        learns on its own."""
 
     @classmethod
     def memory_estimate(cls, layout: StorageLayout, cfg, key: str = "") -> MemoryEstimate:

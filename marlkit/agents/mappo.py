@@ -26,7 +26,8 @@ class MAPPOConfig(OnPolicyConfig):
     none), encoded once per env step; ``pooled``, each agent's observation through the ``critic``
     model, pooled over the group (``pool``: mean, max or attention; ``marlkit/networks/pooled.py``),
     whose cost per agent does not grow with the number of agents; ``auto``: ``pooled`` where the
-    env's state was built from the observations (``EnvSpec.state_from_obs``), else ``state``.
+    env's state was built from the observations and the group plays in a team of its own
+    (``EnvSpec.state_in_obs_of``), else ``state``: a team of several groups is read whole.
 
     ``critic_encoder`` is what encodes the observations for a pooled critic: ``own``, the
     ``critic`` model; ``actor``, the actor's encoder, one pass serving both, so the critic costs a
@@ -124,7 +125,7 @@ class MAPPO(OnPolicyAgent):
 
     @property
     def pooled_critic(self) -> bool:
-        return self.pools(self.cfg, self.env.state_from_obs)
+        return self.pools(self.cfg, self.env.state_in_obs_of(self.group.name))
 
     @property
     def shares_encoder(self) -> bool:

@@ -105,12 +105,13 @@ class OnPolicyAgent(Agent):
     @classmethod
     def stores_state(cls, cfg, state_from_obs: bool) -> bool:
         """Whether the rollout keeps the global state: an agent that never reads it does not store
-        it (``state_from_obs``: ``EnvSpec.state_from_obs``, for agents whose choice depends on it)."""
+        it (``state_from_obs``: ``EnvSpec.state_in_obs_of`` the group, for agents whose choice
+        depends on it)."""
         return True
 
     @property
     def uses_state(self) -> bool:
-        return self.stores_state(self.cfg, self.env.state_from_obs)
+        return self.stores_state(self.cfg, self.env.state_in_obs_of(self.group.name))
 
     @classmethod
     def memory_estimate(cls, layout: StorageLayout, cfg, key: str = "") -> MemoryEstimate:
@@ -121,7 +122,7 @@ class OnPolicyAgent(Agent):
         group, T, E = layout.group, layout.horizon, layout.num_envs
         A = group.n_agents
         obs = int(np.prod(group.obs_shape, dtype=np.int64))
-        stored_state = cls.stores_state(cfg, layout.env.state_from_obs)
+        stored_state = cls.stores_state(cfg, layout.env.state_in_obs_of(group.name))
         state = int(np.prod(layout.env.state_shape, dtype=np.int64)) if stored_state else 0
         obs_bytes = np.dtype(group.observation_space.dtype or np.float32).itemsize
         per_step = A * obs * obs_bytes + state * np.dtype(layout.env.state_dtype).itemsize + A * (group.n_actions + 32)

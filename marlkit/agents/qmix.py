@@ -35,5 +35,5 @@ class QMIX(ValueDecompositionAgent):
 
     def build_mixer(self) -> nn.Module:
         cfg = self.cfg
-        return QMixer(flat_size(self.state_shape), self.n_agents, cfg.mixing_embed_dim, cfg.hypernet_layers,
+        return QMixer(flat_size(self.state_shape), self.mixed_agents, cfg.mixing_embed_dim, cfg.hypernet_layers,
                       cfg.hypernet_embed, cfg.state_norm)

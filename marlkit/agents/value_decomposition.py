@@ -84,17 +84,19 @@ class ValueDecompositionAgent(Agent):
         encoder = self.actor.model("q", group.obs_shape, per_agent=True)
         head = nn.Linear(encoder.out_dim + self.actor.id_width_after(group.obs_shape), group.n_actions)
         online = {"q": encoder, "q_head": head}
+        self.mixed_agents = self.n_agents   # the agents the mixer mixes: the team's, where groups learn as one
         mixer = self.build_mixer()
         if mixer is not None:
             online["mixer"] = mixer
         targets = {f"target_{k}": copy.deepcopy(m).requires_grad_(False) for k, m in online.items()}
         self.modules = nn.ModuleDict({**online, **targets, "reward_norm": RunningMeanStd()}).to(self.device)
-        self.online = [self.modules[k] for k in online]
-        self.optimizer = Adam([{"params": [p for m in self.online for p in m.parameters()], "lr": cfg.lr}])
-        self._clipped = [p for m in self.online for p in m.parameters()]
         self.recurrent = encoder.is_recurrent
+        # the agents this one learns for, itself first: itself alone, or its team's (join_team)
+        self.learns_for: list[ValueDecompositionAgent] = [self]
+        self._set_optimizer()
         self.gradient_steps = 0
         self._owed = 0.0   # gradient steps owed to the episodes collected, not yet taken (the fraction)
+        self.replay: EpisodeReplay | None = None   # the storage it made (make_storage), which a team's lead reads
 
     # ------------------------------------------------------------------ before anything starts
 
@@ -136,8 +138,44 @@ class ValueDecompositionAgent(Agent):
     # ------------------------------------------------------------------ for the algorithms
 
     def build_mixer(self) -> nn.Module | None:
-        """The team's mixer, or None: each agent learns its own Q (IQL)."""
+        """The team's mixer of ``self.mixed_agents`` agents' Q-values, or None: each agent learns its
+        own Q (IQL)."""
         return None
+
+    # ------------------------------------------------------------------ teams of several groups
+
+    # what an acting copy leaves out besides the learner's own: the team it learns with, its replay
+    learner_only = (*Agent.learner_only, "learns_for", "replay")
+
+    @classmethod
+    def join_team(cls, members: dict[str, "ValueDecompositionAgent"]) -> None:
+        """The agents of a team's groups learn as one: the first (the lead) holds one mixer over
+        every agent of the team, whatever group's Q network it acts with, trains on the team's
+        reward, and takes every gradient step for all of them, on the same replayed episodes of
+        each group; the others learn nothing on their own. Without a mixer (IQL) each agent learns
+        its own Q, and there is nothing to join."""
+        lead, *rest = members.values()
+        if lead.build_mixer() is None:
+            return
+        lead.mixed_agents = sum(m.n_agents for m in members.values())
+        mixer = lead.build_mixer().to(lead.device)
+        lead.modules["mixer"] = mixer
+        lead.modules["target_mixer"] = copy.deepcopy(mixer).requires_grad_(False)
+        for member in rest:
+            del member.modules["mixer"], member.modules["target_mixer"]
+            member.learns_for = []
+        lead.learns_for = list(members.values())
+        lead._set_optimizer()
+        for member in rest:
+            member.optimizer = lead.optimizer
+
+    def _set_optimizer(self) -> None:
+        """One Adam over the online networks of the agents this one learns for, and its mixer."""
+        online = [m.modules[k] for m in self.learns_for for k in ("q", "q_head")]
+        if "mixer" in self.modules:
+            online.append(self.modules["mixer"])
+        self._clipped = [p for m in online for p in m.parameters()]
+        self.optimizer = Adam([{"params": self._clipped, "lr": self.cfg.lr}])
 
     # ------------------------------------------------------------------ acting
 
@@ -186,10 +224,13 @@ class ValueDecompositionAgent(Agent):
     # ------------------------------------------------------------------ learning
 
     def make_storage(self, layout: StorageLayout) -> EpisodeReplay:
-        return EpisodeReplay(layout, self.cfg.buffer_size, self.mixes_on_state(self.cfg))
+        self.replay = EpisodeReplay(layout, self.cfg.buffer_size, self.mixes_on_state(self.cfg))
+        return self.replay
 
     def update(self, batch: EpisodeBatch, progress: Progress | None = None) -> dict[str, float]:
         cfg, replay = self.cfg, batch.replay
+        if not self.learns_for:   # its team's lead learns for it, on its replay
+            return {}
         if len(replay) < cfg.batch_size:   # as EPyMARL: no steps owed to the episodes before the first batch
             return {"replay_episodes": float(len(replay))}
         self._owed += batch.new_episodes * cfg.gradient_steps_per_episode
@@ -200,9 +241,11 @@ class ValueDecompositionAgent(Agent):
         for _ in range(steps):
             if stop():
                 break
-            drawn = replay.sample(cfg.batch_size, self.rng)
-            sample = {k: torch.from_numpy(v).to(self.device) for k, v in drawn.items()}
-            loss, metrics = self.loss(sample)
+            # the same episodes of every group learned for: their replays fill alike, slot by slot
+            index = replay.sample_index(cfg.batch_size, self.rng)
+            samples = [{k: torch.from_numpy(v).to(self.device) for k, v in member.replay.take(index).items()}
+                       for member in self.learns_for]
+            loss, metrics = self.loss(samples)
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
                           f"group {self.group.name!r} ({self.registered_name})")
             self.gradient_steps += 1
@@ -224,17 +267,19 @@ class ValueDecompositionAgent(Agent):
         cfg = self.cfg
         if cfg.target_update_tau is None and self.gradient_steps % cfg.target_update_interval:
             return
-        for name in [k for k in self.modules if "target_" + k in self.modules]:
-            if cfg.target_update_tau is None:
-                self.modules["target_" + name].load_state_dict(self.modules[name].state_dict())
-            else:
-                for target, online in zip(self.modules["target_" + name].parameters(),
-                                          self.modules[name].parameters()):
-                    target.lerp_(online, cfg.target_update_tau)
+        for modules in (member.modules for member in self.learns_for):
+            for name in [k for k in modules if "target_" + k in modules]:
+                if cfg.target_update_tau is None:
+                    modules["target_" + name].load_state_dict(modules[name].state_dict())
+                else:
+                    for target, online in zip(modules["target_" + name].parameters(), modules[name].parameters()):
+                        target.lerp_(online, cfg.target_update_tau)
 
-    def loss(self, sample: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The TD loss on ``batch_size`` episodes (``EpisodeReplay.sample``: ``[B, L (+ 1), ...]``)."""
-        cfg = self.cfg
+    def td_terms(self, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This agent's group's part of a TD loss on ``batch_size`` replayed episodes
+        (``EpisodeReplay.take``: ``[B, L (+ 1), ...]``), time-major: the Q-values of the actions taken
+        ``taken`` and the target networks' values of the next step ``next_q`` ``[L, B, A]``, who is
+        ``present`` ``[L + 1, B, A]`` and who ``acted`` ``[L, B, A]``, and the rewards and ends."""
         time_major = {k: v.transpose(0, 1) for k, v in sample.items() if v.dim() > 1}   # [L (+ 1), B, ...]
         obs, present = time_major["obs"], time_major["agent_mask"].bool()
         starts = torch.cat([torch.zeros_like(time_major["agent_end"][:1]), time_major["agent_end"]], 0).bool()
@@ -242,18 +287,30 @@ class ValueDecompositionAgent(Agent):
         with torch.no_grad():
             target_q, _ = self.q_values("target_", obs, None, starts, None if self.recurrent else present)
             allowed = time_major["action_mask"].bool()
-            if cfg.double_q:
+            if self.cfg.double_q:
                 pick = q.detach().masked_fill(~allowed, -math.inf).argmax(-1, keepdim=True)
                 next_q = target_q.gather(-1, pick).squeeze(-1)[1:]
             else:
                 next_q = target_q.masked_fill(~allowed, -math.inf).max(-1).values[1:]
             next_q = torch.where(present[1:], next_q, 0.0)                                   # [L, B, A]
-        actions = time_major["actions"].long()
-        taken = q[:-1].gather(-1, actions.unsqueeze(-1)).squeeze(-1)                       # [L, B, A]
         filled = time_major["filled"].bool()                                               # [L, B]
-        terminated, truncated = time_major["terminated"].bool(), time_major["truncated"].bool()
-        reward = time_major["reward"].float()
-        acted = filled.unsqueeze(-1) & present[:-1]                                        # [L, B, A]
+        return {"taken": q[:-1].gather(-1, time_major["actions"].long().unsqueeze(-1)).squeeze(-1),
+                "next_q": next_q, "present": present, "acted": filled.unsqueeze(-1) & present[:-1],
+                "reward": time_major["reward"].float(), "terminated": time_major["terminated"].bool(),
+                "truncated": time_major["truncated"].bool(), "filled": filled, "state": time_major.get("state"),
+                "length": sample["length"]}
+
+    def loss(self, samples: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The TD loss on the same ``batch_size`` episodes of each group this agent learns for
+        (``samples[i]`` of ``learns_for[i]``): with a mixer, the team's Q of every agent of them
+        against the team reward; without, each agent's own Q against its own reward."""
+        cfg = self.cfg
+        parts = [member.td_terms(sample) for member, sample in zip(self.learns_for, samples)]
+        # the agents of every group side by side: [L (+ 1), B, A_team]
+        taken, next_q, present, acted, reward, terminated, truncated = (
+            torch.cat([p[k] for p in parts], -1) if len(parts) > 1 else parts[0][k]
+            for k in ("taken", "next_q", "present", "acted", "reward", "terminated", "truncated"))
+        filled, length, state = parts[0]["filled"], parts[0]["length"], parts[0]["state"]
         if "mixer" in self.modules:
             reward = reward.sum(-1) if cfg.team_reward == "sum" else reward.mean(-1)        # [L, B]
         if cfg.standardise_rewards:
@@ -266,11 +323,10 @@ class ValueDecompositionAgent(Agent):
             mask = acted.float()
             td = torch.where(acted, taken - target, 0.0)
         else:
-            state = time_major["state"]
             team_q = self.modules["mixer"](taken, state[:-1], present[:-1])                 # [L, B]
             with torch.no_grad():
                 next_team = self.modules["target_mixer"](next_q, state[1:], present[1:])
-            last = torch.arange(len(filled), device=filled.device)[:, None] == (sample["length"] - 1)[None]
+            last = torch.arange(len(filled), device=filled.device)[:, None] == (length - 1)[None]
             # the team's episode ends in a termination at its last step, unless a time limit cut it there
             # (what absent agents' slots hold does not count)
             cut, ended = (truncated & ~terminated & acted).any(-1), (terminated & acted).any(-1)

@@ -12,17 +12,22 @@ from marlkit.storage import StorageLayout
 
 def group_agent_names(cfg: RunConfig, groups) -> dict[str, str]:
     """Which registered agent drives each of the env's ``groups``: the group's own ``agent`` or the
-    run's; unknown group names and a ``best_metric`` that is no group are refused."""
+    run's; unknown group names and a ``best_metric`` that is no group or team are refused."""
     unknown = [g for g in cfg.groups if g not in groups]
     if unknown:
         raise ConfigError(f"groups: unknown group {unknown[0]!r}{closest(unknown[0], groups)}; this env's "
                           f"groups are {', '.join(groups)}")
-    best = cfg.runner.best_metric
-    if best is not None and best not in groups:
-        raise ConfigError(f"runner.best_metric: {best!r} is not a group of this env{closest(best, groups)}; "
-                          f"choose one of {', '.join(groups)}, or null for the mean over the learning groups")
+    check_best_metric(cfg.runner.best_metric, groups, cfg.env.teams or {})
     return {g: (cfg.groups[g].agent if g in cfg.groups and cfg.groups[g].agent
                 else cfg.agent) for g in groups}
+
+def check_best_metric(best: str | None, groups, teams) -> None:
+    """``runner.best_metric`` names one of ``groups`` or ``teams``, or is None."""
+    names = [*groups, *(t for t in teams if t not in groups)]
+    if best is not None and best not in names:
+        raise ConfigError(f"runner.best_metric: {best!r} is not a group or team of this env{closest(best, names)}; "
+                          f"choose one of {', '.join(names)}, or null for the mean over the learning teams")
+
 
 def check_groups(cfg: RunConfig) -> None:
     """Agents that refuse some groups (their spaces) do so before the envs start, where the env
@@ -36,26 +41,30 @@ def check_groups(cfg: RunConfig) -> None:
             get_agent(name).check_group(spec.groups[g])
 
 def build_agents(cfg: RunConfig, spec, num_envs: int, names: dict[str, str], loaded: dict | None) -> dict[str, Agent]:
-    """One agent per group, ``names[g]`` the agent of group ``g`` (``group_agent_names``); weights
-    from ``loaded`` (the ``--load`` checkpoint, read already: every group) or a group's own
-    ``load``, except on resume: the run's latest.pt holds every group's weights, and the files it
-    began from may have moved since."""
+    """One agent per group, ``names[g]`` the agent of group ``g`` (``group_agent_names``); the
+    groups of a team (``spec.teams``) whose agents are of one class and learn join as one
+    (``Agent.join_team``); then weights from ``loaded`` (the ``--load`` checkpoint, read already:
+    every group) or a group's own ``load``, except on resume: the run's latest.pt holds every
+    group's weights, and the files it began from may have moved since."""
     rc = cfg.runner
     estimates = {g: get_agent(names[g]).memory_estimate(StorageLayout(gs, spec, num_envs, rc.horizon,
                                                                       double=rc.overlapped()),
                                                         cfg.agents[names[g]], key=f"agents.{names[g]}")
                  for g, gs in spec.groups.items()}
     check_fits(estimates)
-    loads = not cfg.resume
     if loaded is not None:
         check_groups_fit(loaded, cfg.load, names)
-    agents = {}
-    for i, (g, gs) in enumerate(spec.groups.items()):
-        agents[g] = get_agent(names[g])(gs, spec, cfg.agents[names[g]], seed=cfg.seed * 1000 + i,
-                                        device=cfg.device)
+    agents = {g: get_agent(names[g])(gs, spec, cfg.agents[names[g]], seed=cfg.seed * 1000 + i, device=cfg.device)
+              for i, (g, gs) in enumerate(spec.groups.items())}
+    for members in (spec.teams or {}).values():
+        learning = [g for g in members if agents[g].learns and (g not in cfg.groups or cfg.groups[g].train)]
+        if len(learning) > 1 and len({names[g] for g in learning}) == 1:
+            type(agents[learning[0]]).join_team({g: agents[g] for g in learning})
+    for g, agent in agents.items():
         group_cfg = cfg.groups.get(g)
-        ckpt = load_checkpoint(group_cfg.load, cfg.env_name, {g: names[g]}) \
-            if loads and group_cfg is not None and group_cfg.load else loaded
+        own = group_cfg is not None and group_cfg.load and not cfg.resume
+        ckpt = load_checkpoint(group_cfg.load, cfg.env_name, {g: names[g]}) if own else \
+            None if cfg.resume else loaded
         if ckpt is not None:
-            load_group(agents[g], ckpt["groups"][g], names[g], weights_only=True)
+            load_group(agent, ckpt["groups"][g], names[g], weights_only=True)
     return agents

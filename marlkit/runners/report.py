@@ -19,13 +19,14 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     (``baseline``) stands beside the trained one in all three."""
     evals, baseline, best = result.evaluations, result.baseline, result.best
     report = {"agent": cfg.agent, "env": cfg.env_name, "seed": cfg.seed, "steps": result.steps,
-              "best_metric": best_metric, "best_rule": BEST_RULE,
+              "teams": result.teams, "best_metric": best_metric, "best_rule": BEST_RULE,
               "env_steps_per_s": result.metrics.get("perf/env_steps_per_s_overall"),
               "wall_time_s": result.metrics.get("perf/wall_time_s"),
               "device": cfg.device, "precision": result.precision,   # what the speed was measured with
               "best": best, "final": evals[-1] if evals else None, "baseline": baseline, "evaluations": evals,
               "best_checkpoint": str(result.run_dir / "best.pt")}
-    _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png")
+    shared = any(len(members) > 1 for members in result.teams.values())   # a team of several groups
+    _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png", by_team=shared)
     # last and whole (a study takes a run with benchmark.json for finished): a run stopped while
     # it reports leaves none, and reports again when resumed
     partial = result.run_dir / "benchmark.json.partial"
@@ -38,6 +39,11 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     for g in (best["mean"] if best else {}):
         print(f"  {g:<22}{_cell(baseline, 'mean', 'ci', g)}{_cell(evals[-1], 'mean', 'ci', g)}"
               f"{_cell(best, 'mean', 'ci', g)}")
+    if shared and best:
+        print(f"  {'eval return of team':<22}{'random':>18}{'final':>18}{'at best.pt':>18}")
+        for t in result.teams:
+            print(f"  {t:<22}{_cell(_teams(baseline), 'm', 'c', t)}{_cell(_teams(evals[-1]), 'm', 'c', t)}"
+                  f"{_cell(_teams(best), 'm', 'c', t)}")
     # the env's own numbers per episode (Doom's kills, a turn-based game's wins), where it counts any
     stats = evals[-1].get("env", {}) if evals else {}
     if stats:
@@ -49,11 +55,9 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     vs_random = evals[-1].get("vs_random", {}) if evals else {}
     if vs_random:
         print(f"  {'vs the random policy':<22}{'':>18}{'final':>18}{'at best.pt':>18}")
-    for g in vs_random:
-        final = {"m": {g: vs_random[g]["mean"]}, "c": {g: vs_random[g]["ci"]}}
-        at_best = {"m": {g: best["vs_random"][g]["mean"]}, "c": {g: best["vs_random"][g]["ci"]}} \
-            if best and g in best.get("vs_random", {}) else None
-        print(f"  {g:<22}{'':>18}{_cell(final, 'm', 'c', g)}{_cell(at_best, 'm', 'c', g)}")
+    for t in vs_random:
+        print(f"  {t:<22}{'':>18}{_cell(_teams(evals[-1], 'vs_random'), 'm', 'c', t)}"
+              f"{_cell(_teams(best, 'vs_random'), 'm', 'c', t)}")
     if best:
         print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric); {BEST_RULE}")
     print(f"  report: {result.run_dir / 'benchmark.json'}")
@@ -61,6 +65,13 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
 
 BEST_RULE = ("a later evaluation replaces it only when its score is higher by more than the 95% interval of "
              "the difference (1.96 * sqrt(se_new^2 + se_best^2))")
+
+
+def _teams(row: dict | None, key: str = "teams") -> dict | None:
+    """A row's per-team figures (``teams`` or ``vs_random``) as ``_cell`` reads them."""
+    if not row or key not in row:
+        return None
+    return {"m": {t: v["mean"] for t, v in row[key].items()}, "c": {t: v["ci"] for t, v in row[key].items()}}
 
 
 def _cell(row: dict | None, values: str, intervals: str, key: str) -> str:
@@ -71,10 +82,11 @@ def _cell(row: dict | None, values: str, intervals: str, key: str) -> str:
     return f"{row[values][key]:>10.3f} ± {ci:<5.3f}" if ci is not None else f"{row[values][key]:>18.3f}"
 
 
-def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | None, path: Path) -> None:
-    """Each group's evaluation return (mean, shaded over its 95% confidence interval) over env steps,
-    the random policy's as a dashed line in the same colour; a second panel with kills when the env
-    counts them (Doom)."""
+def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | None, path: Path,
+                         by_team: bool = False) -> None:
+    """Each group's evaluation return (``by_team``: each team's) as mean shaded over its 95%
+    confidence interval over env steps, the random policy's as a dashed line in the same colour; a
+    second panel with kills when the env counts them (Doom)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -82,15 +94,17 @@ def _plot_learning_curve(cfg: RunConfig, evals: list[dict], baseline: dict | Non
     fig, axes = plt.subplots(1, 2 if kills else 1, figsize=(12 if kills else 7, 4), squeeze=False)
     ax = axes[0][0]
     steps = np.array([r["step"] for r in evals])
-    for g in (evals[0]["mean"] if evals else {}):
-        mean = np.array([r["mean"][g] for r in evals])
-        ci = np.array([r.get("ci", {}).get(g, 0.0) for r in evals])
-        line, = ax.plot(steps, mean, label=g)
+    rows = [_teams(r) if by_team else {"m": r["mean"], "c": r.get("ci", {})} for r in evals]
+    random = (_teams(baseline) if by_team else {"m": baseline["mean"]}) if baseline else None
+    for g in (rows[0]["m"] if rows else {}):
+        mean = np.array([r["m"][g] for r in rows])
+        ci = np.array([r["c"].get(g, 0.0) for r in rows])
+        line, = ax.plot(steps, mean, label=f"team {g}" if by_team else g)
         ax.fill_between(steps, mean - ci, mean + ci, alpha=0.2, color=line.get_color())
-        if baseline and g in baseline["mean"]:
-            ax.axhline(baseline["mean"][g], color=line.get_color(), linestyle="--", label=f"{g} (random)")
+        if random and g in random["m"]:
+            ax.axhline(random["m"][g], color=line.get_color(), linestyle="--", label=f"{g} (random)")
     ax.set_xlabel("env steps")
-    ax.set_ylabel("eval return (mean over agents)")
+    ax.set_ylabel("eval return of the team" if by_team else "eval return (mean over agents)")
     ax.set_title(f"{cfg.agent} on {Path(cfg.env_name).stem}, seed {cfg.seed}")
     ax.grid(alpha=0.3)
     if evals:

@@ -45,6 +45,7 @@ class RunResult:
     baseline: dict | None = None    # the random policy under the evaluation protocol (benchmark mode)
     best: dict | None = None        # the evaluation best.pt holds (statistics.beats chose it)
     precision: dict[str, str] = field(default_factory=dict)   # per learning group, what its update computes in
+    teams: dict[str, list[str]] = field(default_factory=dict)   # team -> its groups
 
 
 class ProgressBar(tqdm):
@@ -92,6 +93,8 @@ class Runner:
         self.agents: dict[str, Agent] = {}
         self.agent_names: dict[str, str] = {}    # group -> the registered agent that drives it
         self.learning_groups: list[str] = []     # the groups whose agent learns and is trained
+        self.teams: dict[str, list[str]] = {}    # team -> its groups: who shares a reward
+        self.evaluator: Evaluator | None = None
         self.collector: Collector | None = None
         # wall seconds of training so far, this process's and those before a resume (to the checkpoint
         # it resumed from): what a resumed run reports as its wall time, as if it had not stopped
@@ -100,7 +103,7 @@ class Runner:
     def _build(self, num_envs: int | None = None, render: bool = False, vectorize: str | None = None) -> None:
         parts = build_parts(self.cfg, self.loaded, num_envs, render, vectorize)
         self.venv, self.agents = parts.venv, parts.agents
-        self.agent_names, self.learning_groups = parts.agent_names, parts.learning_groups
+        self.agent_names, self.learning_groups, self.teams = parts.agent_names, parts.learning_groups, parts.teams
 
     def run(self) -> RunResult:
         """The run its config's ``mode`` asks for: ``test`` plays the checkpoint's episodes; ``train``
@@ -117,6 +120,7 @@ class Runner:
         with terminate_as_interrupt():
             try:
                 self._build()
+                self.evaluator = Evaluator(rc, cfg.seed, self.teams, self.learning_groups)
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
                 eval_venv = make_venv(cfg, min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
                                       first_index=rc.parallels) if evaluate else None
@@ -125,14 +129,14 @@ class Runner:
                     self.run_dir = open_run_dir(self.cfg, self.run_dir)
                     self.venv.log_to(self.run_dir)
                     self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
-                    result = RunResult(self.run_dir, cfg.mode, precision={
+                    result = RunResult(self.run_dir, cfg.mode, teams=self.teams, precision={
                         g: agent.precision for g, agent in self.agents.items() if agent.learns})
                     with stop.deferred():
                         self._train_loop(result, state, eval_venv, stop)
                     finished = True
                     if evaluate:
-                        write_benchmark_report(cfg, result, best_metric_description(rc.best_metric,
-                                                                                    self.learning_groups))
+                        write_benchmark_report(cfg, result, best_metric_description(
+                            rc.best_metric, self.agents, self.evaluator.learning_teams))
                 finally:
                     if eval_venv is not None:
                         eval_venv.close()
@@ -345,17 +349,18 @@ class Runner:
         bar.show(state.steps, shown)
 
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
-        rc = self.cfg.runner
-        evaluator = Evaluator(rc, self.cfg.seed, self.learning_groups)
+        rc, evaluator = self.cfg.runner, self.evaluator
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
-        opponents = random_policy(eval_venv.spec) if len(self.learning_groups) > 1 else None   # teams that play each other
+        # rival teams that learn: each plays the random policy too
+        opponents = random_policy(eval_venv.spec) if len(evaluator.learning_teams) > 1 else None
         row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})
         state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
-                         **{f"eval/env/{k}": v for k, v in stats.items()}}, state.steps)
+                         **{f"eval/team/{t}/return": v["mean"] for t, v in row["teams"].items()},
+                         "eval/score": row["score"], **{f"eval/env/{k}": v for k, v in stats.items()}}, state.steps)
         new_best = state.best is None or beats(row, state.best)
         if new_best:
             state.best = row

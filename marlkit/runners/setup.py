@@ -16,7 +16,8 @@ from marlkit.envs.factory import make_env_vector
 from marlkit.errors import ConfigError
 from marlkit.registry import get_agent
 from marlkit.runners.checkpoint import load_checkpoint
-from marlkit.runners.group_agents import build_agents, check_groups, group_agent_names
+from marlkit.runners.group_agents import build_agents, check_best_metric, check_groups, group_agent_names
+from marlkit.runners.teams import settle_teams
 
 
 @dataclass
@@ -25,6 +26,7 @@ class RunParts:
     agents: dict[str, Agent]      # group -> its agent
     agent_names: dict[str, str]   # group -> the registered agent that drives it
     learning_groups: list[str]    # the groups whose agent learns and is trained
+    teams: dict[str, list[str]]   # team -> its groups (runners/teams.py)
 
 
 def prepare(cfg: RunConfig) -> dict | None:
@@ -70,9 +72,11 @@ def build_parts(cfg: RunConfig, loaded: dict | None, num_envs: int | None = None
     venv = make_venv(cfg, num_envs, render, vectorize)
     try:
         names = group_agent_names(cfg, venv.spec.groups)
-        agents = build_agents(cfg, venv.spec, venv.num_envs, names, loaded)
+        teams = settle_teams(cfg, venv)
+        check_best_metric(cfg.runner.best_metric, venv.spec.groups, teams)
+        agents = build_agents(cfg, replace(venv.spec, teams=teams), venv.num_envs, names, loaded)
     except BaseException:
         venv.close()
         raise
     learning = [g for g, agent in agents.items() if agent.learns and (g not in cfg.groups or cfg.groups[g].train)]
-    return RunParts(venv, agents, names, learning)
+    return RunParts(venv, agents, names, learning, teams)

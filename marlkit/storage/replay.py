@@ -116,10 +116,18 @@ class EpisodeReplay(Storage):
         return self.size
 
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """``batch_size`` episodes drawn uniformly (with replacement only if fewer are held), cut to
-        the longest of them: ``[B, L + 1, ...]`` for observations, states and masks, ``[B, L, ...]``
-        for actions, rewards and ends, ``filled`` ``[B, L]`` (the step exists) and ``length``."""
-        index = rng.choice(self.size, batch_size, replace=self.size < batch_size)
+        """``batch_size`` episodes drawn uniformly (``sample_index``), as ``take`` gives them."""
+        return self.take(self.sample_index(batch_size, rng))
+
+    def sample_index(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """The slots of ``batch_size`` episodes drawn uniformly (with replacement only if fewer are
+        held). The replays of a team's groups fill alike, so a slot holds the same episode in each."""
+        return rng.choice(self.size, batch_size, replace=self.size < batch_size)
+
+    def take(self, index: np.ndarray) -> dict[str, np.ndarray]:
+        """The episodes in slots ``index``, cut to the longest of them: ``[B, L + 1, ...]`` for
+        observations, states and masks, ``[B, L, ...]`` for actions, rewards and ends, ``filled``
+        ``[B, L]`` (the step exists) and ``length``."""
         length = int(self.lengths[index].max())
         out = {name: self.ring[name][index, :length + (name in _STEP_FIELDS)] for name in self.ring}
         out["filled"] = np.arange(length)[None] < self.lengths[index][:, None]

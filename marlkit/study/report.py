@@ -41,8 +41,9 @@ def write_report(spec, records: list[RunRecord]) -> Path:
              f"on {', '.join(Path(e).stem for e in spec.envs)}, seeds {', '.join(map(str, spec.seeds))}; "
              f"{len(records)} of {expected} runs finished.",
              f"Settings of every run: `{_flat(spec.set) or 'none'}`.", "",
-             "A run's return is the `score` of its evaluations (per episode, the mean return of the groups "
-             "`runner.best_metric` scores: by default the learning groups), averaged over the evaluation's "
+             "A run's return is the `score` of its evaluations (per episode, the mean return of the teams "
+             "`runner.best_metric` scores: by default the learning teams, each against the random policy where "
+             "rival teams learn), averaged over the evaluation's "
              "episodes. Intervals are 95% percentile bootstrap intervals over seeds (rliable's stratified "
              f"bootstrap, {stats.REPS:,} resamples); with few seeds they are narrow and optimistic. The IQM trims "
              "a quarter of the seeds from each end (with fewer than 4 seeds it is the mean). The best.pt return "

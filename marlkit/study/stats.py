@@ -4,8 +4,8 @@ IQM); across envs, scores normalised between each env's random policy (0) and a 
 rliable's aggregates (IQM, median, mean, optimality gap) and their stratified bootstrap intervals,
 performance profiles and the probability of improvement of one agent over another.
 
-A run's "return" is the ``score`` of its evaluation rows: per episode the mean return of the groups
-``runner.best_metric`` scores (by default the learning groups), averaged over the evaluation's
+A run's "return" is the ``score`` of its evaluation rows: per episode the mean return of the teams
+``runner.best_metric`` scores (by default the learning teams), averaged over the evaluation's
 episodes. Every bootstrap draws from numpy's global generator (rliable's own choice), seeded with
 SEED and restored afterwards, so that a report is the same each time it is written.
 """

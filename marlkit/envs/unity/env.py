@@ -143,6 +143,17 @@ def free_port() -> int:
     return ports.free_port(socket.SOCK_STREAM, "localhost")
 
 
+def scene_teams(names: dict[str, str]) -> dict[str, list[str]] | None:
+    """The teams a scene declares (behaviour name -> group name, ``group_names``): the groups of
+    behaviours with ``?team=T`` play in team ``team_T``; a behaviour without a team is a team of
+    its own. None where no behaviour has a team."""
+    teams: dict[str, list[str]] = {}
+    for b, g in names.items():
+        team = re.search(r"(?:^|&|\?)team=(\d+)", b.partition("?")[2])
+        teams.setdefault(f"team_{team.group(1)}" if team else g, []).append(g)
+    return teams if any(re.search(r"(?:^|&|\?)team=\d+", b.partition("?")[2]) for b in names) else None
+
+
 def group_names(behaviours: list[str]) -> dict[str, str]:
     """Behaviour name -> group name (``SoccerTwos?team=0`` -> ``team_0``)."""
     parsed = {}
@@ -436,7 +447,7 @@ class UnityEnv(MultiAgentEnv):
                                           channels_last=False if beh.has_images else None, obs_parts=beh.obs_parts,
                                           subteams=subteams)
         state_dim = sum(beh.capacity * int(np.prod(beh.obs_shape)) for beh in self.behaviours)
-        self.spec = EnvSpec(groups, (state_dim,), state_from_obs=True)
+        self.spec = EnvSpec(groups, (state_dim,), state_from_obs=True, teams=scene_teams(names))
         self._first = self._last = self._observe()[0]
 
     # ------------------------------------------------------------------ contract
