@@ -198,10 +198,11 @@ def test_mat_checkpoint_is_refused_by_mappo(tiny):
 @pytest.mark.slow
 def test_trains_with_dying_agents(env_yaml, tiny):
     """The scripted env: agent_1 dies after step 3, agent_2 spawns at step 3; masked slots must
-    leave the losses finite and the values of present agents learned."""
+    leave the losses finite and the values of present agents learned (the mean value was 38 after
+    1,000 env steps, 70 after 2,000)."""
     path = env_yaml("toy_envs:scripted", {"length": 10})
-    run = marlkit.run(agent="MAT", env=path, seed=2, **{**tiny, "runner.parallels": 4, "runner.total_steps": 4000})
-    assert run.steps == 4000
+    run = marlkit.run(agent="MAT", env=path, seed=2, **{**tiny, "runner.parallels": 4, "runner.total_steps": 1000})
+    assert run.steps == 1000
     assert all(np.isfinite(v) for k, v in run.metrics.items() if k.startswith("agents/"))
     # every present step pays 1, 2 or 3: the mean value must have moved well away from its start at 0
     assert run.metrics["agents/value_mean"] > 3.0
@@ -210,9 +211,10 @@ def test_trains_with_dying_agents(env_yaml, tiny):
 @pytest.mark.slow
 def test_both_groups_of_the_two_team_env_learn(env_yaml, tiny):
     """One MAT per group: a Discrete group of one predator (reward for action 2) and a Box group
-    of two prey (reward -|a - 0.5|); random play scores 2 and -10."""
+    of two prey (reward -|a - 0.5|); random play scores 2 and -10. At 6k env steps the last 20
+    episodes gave 7.95 and -1.09, at 10k 8.0 and -0.59."""
     path = env_yaml("toy_envs:two_team", {"length": 8})
-    overrides = {**tiny, "runner.parallels": 8, "runner.horizon": 16, "runner.total_steps": 12_000,
+    overrides = {**tiny, "runner.parallels": 8, "runner.horizon": 16, "runner.total_steps": 6_000,
                  "agents.MAT.lr": 3e-3, "agents.MAT.log_std_init": -1.0}
     result = marlkit.run(agent="MAT", env=path, seed=3, **overrides)
     last = result.episode_returns[-20:]

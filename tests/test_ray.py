@@ -406,37 +406,48 @@ def _env_actors_on(node) -> int:
     return sum(cmdline(p).startswith("ray::EnvHost") for p in descendants(raylet))
 
 
+@pytest.fixture(scope="module")
+def apart():
+    """A cluster of worker nodes of 2 CPUs that this process does not join, for the trials below:
+    each starts with three nodes alive (the one a trial before took away is replaced)."""
+    with _cluster_apart(3, 2) as cluster:
+        yield cluster
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("trial", range(2))
-def test_a_node_lost_without_a_word_is_survived_and_ray_keeps_off_the_console(tmp_path, trial):
+def test_a_node_lost_without_a_word_is_survived_and_ray_keeps_off_the_console(tmp_path, trial, apart):
     """Three nodes of 2 CPUs, 4 env actors; the node with the most actors dies (its processes
     SIGKILLed). Until Ray has missed its heartbeats it lists the node as alive, with the dead
     actors' CPUs free: a replacement placed there died with it and stopped the run (one try in
     three). Ray's report of the dead node (the last lines of its log, [state-dump] ...) goes to a
     log file, not to the console."""
-    with _cluster_apart(3, 2) as apart:
-        root = tmp_path / "runs"
-        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--env", "mpe_spread", "--seed", str(trial), "--set",
-                                 "runner.vectorize=ray", "runner.workers=4", "runner.parallels=4", "runner.horizon=25",
-                                 "runner.total_steps=4000", "logger=console", "runner.log_interval=1000",
-                                 "runner.progress=false", f"runner.ray_address={apart.address}",
-                                 f"runner.run_root={root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, env=env)
-        try:
-            deadline = time.monotonic() + 120
-            while not any(root.rglob("config.yaml")) or sum(map(_env_actors_on, apart.worker_nodes)) < 4:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-                time.sleep(0.1)
-            time.sleep(1.0 + trial)
-            victim = max(apart.worker_nodes, key=_env_actors_on)
-            lost = _env_actors_on(victim)
-            apart.remove_node(victim, allow_graceful=False)
-            out, err = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    from marlkit.envs.ray_cluster import loopback_node_ip
+    with loopback_node_ip():
+        for _ in range(3 - len(apart.worker_nodes)):
+            apart.add_node(num_cpus=2, node_ip_address=LOOPBACK)   # returns once the node is alive
+    root = tmp_path / "runs"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-m", "marlkit", "--env", "mpe_spread", "--seed", str(trial), "--set",
+                             "runner.vectorize=ray", "runner.workers=4", "runner.parallels=4", "runner.horizon=25",
+                             "runner.total_steps=4000", "logger=console", "runner.log_interval=1000",
+                             "runner.progress=false", f"runner.ray_address={apart.address}",
+                             f"runner.run_root={root}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(root.rglob("config.yaml")) or sum(map(_env_actors_on, apart.worker_nodes)) < 4:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.1)
+        time.sleep(1.0 + trial)
+        victim = max(apart.worker_nodes, key=_env_actors_on)
+        lost = _env_actors_on(victim)
+        apart.remove_node(victim, allow_graceful=False)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     assert proc.returncode == 0, err
     [run_dir] = {p.parent for p in root.rglob("config.yaml")}
     assert out.splitlines()[-1] == f"run directory: {run_dir}"
