@@ -13,7 +13,8 @@ either way.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -122,3 +123,22 @@ def gradient_step(optimizer: Adam, params: list[torch.Tensor], loss: torch.Tenso
         metrics["grad_norm"] = norm
     optimizer.step()
 
+
+def gradient_steps(batches: Iterable, planned: int, step: Callable[[Any], dict], stop: Callable[[], bool]) -> dict:
+    """``step(batch)`` (one gradient step, -> its metrics) on each of ``batches``, ``planned`` of
+    them, until ``stop()`` (a user's Ctrl+C or SIGTERM, asked between steps: a long update ends at a
+    step's boundary) -> the metrics averaged over the steps taken, and ``update_fraction`` (the
+    share taken) where a stop cut them short. Both families' updates are this loop."""
+    totals: dict[str, float] = {}
+    taken, batches = 0, iter(batches)
+    while not stop():   # asked before the next batch is drawn: a stop draws nothing it will not use
+        batch = next(batches, None)
+        if batch is None:
+            break
+        for k, v in step(batch).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        taken += 1
+    metrics = {k: v / max(taken, 1) for k, v in totals.items()}
+    if taken < planned:
+        metrics["update_fraction"] = taken / planned
+    return metrics

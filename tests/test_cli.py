@@ -1,7 +1,6 @@
 """The ``marlkit`` command end to end on a tiny budget, and its error messages."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -10,6 +9,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import best_by_the_rule
+from forked_cli import run_marlkit
 from marlkit.precision import update_precision
 
 TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "runner.eval_episodes=4",
@@ -18,8 +18,7 @@ TINY = ["runner.parallels=2", "runner.horizon=25", "runner.progress=false", "run
 
 def cli(*args, cwd=None, timeout=300):
     env = {**os.environ, "SDL_VIDEODRIVER": "dummy", "PYTHONPATH": os.path.dirname(__file__)}
-    return subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=timeout)
+    return run_marlkit(args, env, cwd, timeout)
 
 
 def only_run_dir(root, agent="MAPPO", suffix=""):

@@ -19,6 +19,7 @@ from marlkit.envs.doom.keeper import SHARED_MEMORY
 from marlkit.runners.checkpoint import read_steps
 
 from test_doom import alive, gone_within, no_work_folder_left  # noqa: F401  (autouse: no work folder left)
+from forked_cli import run_marlkit
 
 PLAYERS, ENVS = 2, 2
 TINY = ["env.episode_timeout=40", "env.frame_skip=2", "env.resize=[30,40]", "env.frame_stack=2",
@@ -283,9 +284,8 @@ def test_test_render_writes_one_side_by_side_video_per_episode(tmp_path):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     [latest] = root.rglob("latest.pt")
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--test", "--load", str(latest), "--render",
-                          "--set", *TINY, "runner.test_episodes=2", f"runner.run_root={root}"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = run_marlkit(["--test", "--load", str(latest), "--render", "--set", *TINY, "runner.test_episodes=2",
+                       f"runner.run_root={root}"], os.environ, tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr
     videos = sorted(p for p in root.rglob("episode_*") if p.suffix in (".mp4", ".gif"))
     assert [v.stem for v in videos] == ["episode_1", "episode_2"]

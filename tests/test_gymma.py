@@ -2,8 +2,6 @@
 rware packages (and a toy env for what those two never do: per-agent ends, action masks)."""
 import os
 import pickle
-import subprocess
-import sys
 
 import gymnasium
 import numpy as np
@@ -16,6 +14,7 @@ from marlkit.config import ConfigError
 from marlkit.envs.factory import make_env
 from marlkit.envs.gymma import GymmaConfig, GymmaEnv, make_gymma
 from marlkit.envs.vector import EpisodeStatistics, SyncVectorEnv, dumps_state
+from forked_cli import run_marlkit
 
 pytest.importorskip("lbforaging")
 pytest.importorskip("rware")
@@ -195,10 +194,9 @@ def test_mappo_trains_on_the_packaged_yamls(tiny, env_name, overrides, episodes)
 
 @pytest.mark.slow
 def test_a_missing_env_module_is_a_one_line_config_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--env", "lbf_8x8_2p_2f_coop", "--set",
-                          "env.id=no_such_package:Foraging-8x8-2p-2f-coop-v3", f"runner.run_root={tmp_path}"],
-                         capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                         env={**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))})
+    out = run_marlkit(["--env", "lbf_8x8_2p_2f_coop", "--set", "env.id=no_such_package:Foraging-8x8-2p-2f-coop-v3",
+                       f"runner.run_root={tmp_path}"],
+                      {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}, tmp_path, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "env.id: cannot import module 'no_such_package'" in lines[0]

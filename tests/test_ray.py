@@ -30,6 +30,7 @@ from marlkit.envs.vector import OPEN_VECTOR_ENVS, EpisodeStatistics, SyncVectorE
 from test_doom_cleanup import descendants, is_engine
 from test_doom import gone_within, work_folders
 from test_vector import fns, trajectory
+from forked_cli import run_marlkit
 
 TESTS = str(Path(__file__).parent)
 
@@ -216,14 +217,14 @@ def test_a_lost_node_is_replaced_then_a_loss_without_room_stops_with_the_node_na
 def _marlkit(*args, env=None, timeout=60):
     """A marlkit process; RAY_ADDRESS only where ``env`` gives it."""
     env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **(env or {})}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return run_marlkit(args, env, timeout=timeout)
 
 
 @pytest.mark.slow
 def test_a_run_without_an_address_starts_its_own_ray_beside_a_running_cluster(cluster, tmp_path):
     """ray.init() with no address would join the cluster last started on this machine."""
     jobs, nodes = len(ray._private.state.jobs()), len(_nodes_alive())
-    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=1",
+    out = _marlkit("--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=1",
                    "runner.parallels=2", "runner.total_steps=100", "logger=none", "runner.progress=false",
                    f"runner.run_root={tmp_path}", timeout=120)
     assert out.returncode == 0, out.stderr
@@ -238,7 +239,7 @@ def test_a_run_given_a_cluster_joins_it_and_leaves_it_running(cluster, tmp_path,
     jobs, nodes = len(ray._private.state.jobs()), len(_nodes_alive())
     given = {"env": {"RAY_ADDRESS": cluster.address}} if how == "RAY_ADDRESS" else {}
     setting = [] if how == "RAY_ADDRESS" else [f"runner.ray_address={cluster.address}"]
-    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=2",
+    out = _marlkit("--env", "mpe_spread", "--set", "runner.vectorize=ray", "runner.workers=2",
                    "runner.parallels=2", "runner.total_steps=100", "logger=none", "runner.progress=false",
                    f"runner.run_root={tmp_path}", *setting, timeout=120, **given)
     assert out.returncode == 0, out.stderr
@@ -284,7 +285,7 @@ def test_training_survives_a_lost_node_and_logs_the_restart(cluster, tiny):
 @pytest.mark.slow
 def test_a_bad_ray_address_fails_at_once_with_one_line(tmp_path):
     began = time.monotonic()
-    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
+    out = _marlkit("--env", "mpe_spread", "--set", "runner.vectorize=ray",
                    "runner.ray_address=127.0.0.1:1", f"runner.run_root={tmp_path}")
     assert time.monotonic() - began < 30
     assert out.returncode == 2
@@ -299,7 +300,7 @@ def test_without_ray_the_message_names_the_install_command(tmp_path):
     blocker = tmp_path / "noray"
     blocker.mkdir()
     (blocker / "ray.py").write_text("raise ImportError('No module named ray')\n")
-    out = _marlkit("-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
+    out = _marlkit("--env", "mpe_spread", "--set", "runner.vectorize=ray",
                    f"runner.run_root={tmp_path / 'runs'}",
                    env={"PYTHONPATH": os.pathsep.join([str(blocker), os.environ.get("PYTHONPATH", "")])})
     assert out.returncode != 0
@@ -314,7 +315,7 @@ def test_more_env_actors_than_the_cluster_holds_are_refused_at_once(cluster, tmp
     cpus = int(ray.cluster_resources()["CPU"])
     assert cpus < 4
     began = time.monotonic()
-    out = _marlkit("-m", "marlkit", "--env", "doom_coop", "--set", "runner.vectorize=ray",
+    out = _marlkit("--env", "doom_coop", "--set", "runner.vectorize=ray",
                    f"runner.ray_address={cluster.address}", f"runner.run_root={tmp_path}", timeout=120)
     assert time.monotonic() - began < 60
     assert out.returncode == 2
@@ -390,9 +391,8 @@ def test_a_driver_without_the_clusters_token_is_told_so_at_once_in_one_line(toke
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(auth, HOME=str(tmp_path))   # no ~/.ray/auth_token
     began = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--env", "mpe_spread", "--set", "runner.vectorize=ray",
-                          f"runner.ray_address={token_head}", f"runner.run_root={tmp_path / 'runs'}"],
-                         capture_output=True, text=True, timeout=120, env=env)
+    out = run_marlkit(["--env", "mpe_spread", "--set", "runner.vectorize=ray", f"runner.ray_address={token_head}",
+                       f"runner.run_root={tmp_path / 'runs'}"], env, timeout=120)
     assert time.monotonic() - began < 15
     assert out.returncode == 2
     assert out.stderr.strip().splitlines() == [

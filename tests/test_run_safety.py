@@ -18,6 +18,7 @@ from pettingzoo import ParallelEnv
 
 import marlkit
 from conftest import best_by_the_rule
+from forked_cli import run_marlkit
 from marlkit.config import ConfigError
 from marlkit.runners.checkpoint import read_steps
 
@@ -32,8 +33,7 @@ def cli_env(**extra):
 
 
 def cli(*args, timeout=300, **env):
-    return subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True,
-                          env=cli_env(**env), timeout=timeout)
+    return run_marlkit(args, cli_env(**env), timeout=timeout)
 
 
 def run_dirs(root: Path) -> list[Path]:

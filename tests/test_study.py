@@ -25,6 +25,7 @@ from marlkit.study.spec import PlannedRun
 
 rliable = pytest.importorskip("rliable")
 from rliable import library, metrics  # noqa: E402
+from forked_cli import run_marlkit
 
 TESTS = str(Path(__file__).parent)
 AGENTS, SEEDS = ["MAPPO", "IPPO"], [1, 2]
@@ -45,8 +46,7 @@ def study_args(env: str, root: Path, *extra: str, seeds=SEEDS) -> list[str]:
 
 
 def marlkit(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": TESTS})
+    return run_marlkit(args, {**os.environ, "PYTHONPATH": TESTS}, timeout=timeout)
 
 
 def ledger(root: Path) -> list[dict]:
@@ -463,8 +463,7 @@ def test_the_ray_backend_runs_each_run_as_a_task_and_stops_them_to_resume(tmp_pa
     proc, _, err = interrupted_when(lambda: all((d / "latest.pt").is_file() for d in dirs), args, environ)
     assert proc.returncode == 130, err
     saved = {d: read_steps(d / "latest.pt") for d in dirs}
-    again = subprocess.run([sys.executable, "-m", "marlkit", *args], capture_output=True, text=True, env=environ,
-                           timeout=400)
+    again = run_marlkit(args, environ, timeout=400)
     assert again.returncode == 0, again.stderr
     assert "as Ray tasks" in again.stdout
     for d in dirs:

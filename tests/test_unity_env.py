@@ -18,6 +18,7 @@ from standin import image as standin_image, masked_choices  # noqa: E402
 from marlkit.envs.unity import UnityConfig, UnityEnv  # noqa: E402
 from marlkit.config import ConfigError  # noqa: E402
 from marlkit.envs.unity.env import UnityEnvError, group_names  # noqa: E402
+from forked_cli import run_marlkit
 
 STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
 
@@ -232,16 +233,14 @@ NOT_A_BUILD = "touch {marker}\n"   # a text file with the run bit: /bin/sh would
 def test_a_bad_build_path_is_a_config_error_in_one_line_before_any_launch(tmp_path, problem):
     """From the command line: exit 2, one line naming env.file_name and the fix, no run directory,
     and nothing of the file run."""
-    import subprocess
     build, marker = tmp_path / "Game.x86_64", tmp_path / "ran"
     if problem == "not executable":
         build.write_text("#!/bin/sh\nexec sleep 100\n")
     elif problem == "not a build":
         build.write_text(NOT_A_BUILD.format(marker=marker))
         build.chmod(0o755)
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
-                          "--set", f"env.file_name={build}", f"runner.run_root={tmp_path / 'runs'}"],
-                         capture_output=True, text=True, timeout=120)
+    out = run_marlkit(["--agent", "MAPPO", "--env", "unity", "--logger", "none", "--set", f"env.file_name={build}",
+                       f"runner.run_root={tmp_path / 'runs'}"], os.environ, timeout=120)
     assert out.returncode == 2, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert f"env.file_name={str(build)!r}" in line

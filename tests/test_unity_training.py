@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 import uuid
@@ -24,6 +23,7 @@ STANDIN = str(Path(__file__).parent / "unity_standin" / "standin")
 GAMMA = 0.99
 sys.path.insert(0, str(Path(__file__).parent / "unity_standin"))
 from standin import image as standin_image  # noqa: E402
+from forked_cli import run_marlkit
 
 
 @pytest.fixture(autouse=True)
@@ -201,12 +201,12 @@ def test_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path, agent):
     choices; the logged episode return is the one the stand-in's record gives."""
     log = tmp_path / "standin.jsonl"
     env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "marlkit", "--agent", agent, "--env", "unity", "--logger", "console", "--set",
-           f"env.file_name={STANDIN}", f"env.additional_args=['--fields','1','--log','{log}']",
-           "env.group_reward_weight=0", "runner.parallels=1", "runner.horizon=64", "runner.total_steps=1536",
-           "runner.log_interval=1536", f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false",
-           f"agents.{agent}.lr=0.003"]
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    args = ["--agent", agent, "--env", "unity", "--logger", "console", "--set",
+            f"env.file_name={STANDIN}", f"env.additional_args=['--fields','1','--log','{log}']",
+            "env.group_reward_weight=0", "runner.parallels=1", "runner.horizon=64", "runner.total_steps=1536",
+            "runner.log_interval=1536", f"runner.run_root={tmp_path / 'runs'}", "runner.progress=false",
+            f"agents.{agent}.lr=0.003"]
+    done = run_marlkit(args, env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = read_log(log)
     assert len(rows) == 1536
@@ -360,9 +360,8 @@ def test_the_worker_timeout_waits_out_a_scenes_timeout_and_relaunches(tmp_path):
     alone = build_config("MAPPO", "unity", **{"env.file_name": STANDIN, "runner.parallels": 1,
                                                 "runner.worker_timeout": 60})
     assert alone.runner.worker_timeout == 60
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
-                          "--set", f"env.file_name={STANDIN}", "runner.worker_timeout=60",
-                          f"runner.run_root={tmp_path / 'runs'}"], capture_output=True, text=True, timeout=120)
+    out = run_marlkit(["--agent", "MAPPO", "--env", "unity", "--logger", "none", "--set", f"env.file_name={STANDIN}",
+                       "runner.worker_timeout=60", f"runner.run_root={tmp_path / 'runs'}"], os.environ, timeout=120)
     assert out.returncode == 2, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert "runner.worker_timeout=60 is less than" in line and "env.timeout_wait=60" in line, line
@@ -394,11 +393,10 @@ def test_a_scene_failure_is_one_line_and_its_traceback_goes_to_error_log(tmp_pat
     or in an env worker, naming the scene, what was saved and where the traceback is."""
     runs = tmp_path / "runs"
     env = {**os.environ, "UNITY_STANDIN_PYTHON": sys.executable}
-    out = subprocess.run([sys.executable, "-m", "marlkit", "--agent", "MAPPO", "--env", "unity", "--logger", "none",
-                          "--set", f"env.file_name={STANDIN}", "env.additional_args=[--die-after, 20]",
-                          "env.restart_on_failure=false", f"runner.parallels={parallels}", "runner.horizon=8",
-                          "runner.total_steps=100000", f"runner.run_root={runs}", "runner.progress=false"],
-                         capture_output=True, text=True, env=env, timeout=300)
+    out = run_marlkit(["--agent", "MAPPO", "--env", "unity", "--logger", "none", "--set", f"env.file_name={STANDIN}",
+                       "env.additional_args=[--die-after, 20]", "env.restart_on_failure=false",
+                       f"runner.parallels={parallels}", "runner.horizon=8", "runner.total_steps=100000",
+                       f"runner.run_root={runs}", "runner.progress=false"], env, timeout=300)
     assert out.returncode == 1, out.stderr
     [line] = out.stderr.strip().splitlines()
     assert "unity env" in line and "is gone" in line and "while stepping" in line, line

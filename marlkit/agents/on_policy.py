@@ -26,7 +26,7 @@ from marlkit.errors import ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.random_streams import GeneratorNoise, StreamNoise
 from marlkit.networks.normalization import ValueNorm
-from marlkit.optim import Adam, gradient_step
+from marlkit.optim import Adam, gradient_step, gradient_steps
 from marlkit.precision import loss_precision, update_precision
 from marlkit.registry import get_model
 from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
@@ -417,26 +417,20 @@ class OnPolicyAgent(Agent):
         A stop request ends the passes at the next minibatch boundary; the metrics then include
         ``update_fraction`` < 1, the share of the gradient steps that ran."""
         cfg = self.cfg
-        totals: dict[str, float] = {}
-        count = 0
         chunk = self.chunk_length(horizon)
         num_envs = data["agent_mask"].shape[1]
         planned = cfg.epochs * min(cfg.minibatches, (horizon // chunk) * num_envs)
         stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
-        for batch in (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, chunk, self.rng)):
-            if stop():
-                break
+        who = f"group {self.group.name!r} ({self.registered_name})"
+
+        def step(batch: dict) -> dict:
             with loss_precision(self.device, self.precision):
                 loss, metrics = self.loss({k: v.to(self.device) for k, v in batch.items()})
-            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
-                          f"group {self.group.name!r} ({self.registered_name})")
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            count += 1
-        metrics = {k: v / max(count, 1) for k, v in totals.items()}
-        if count < planned:
-            metrics["update_fraction"] = count / planned
-        return metrics
+            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
+            return metrics
+
+        batches = (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, chunk, self.rng))
+        return gradient_steps(batches, planned, step, stop)
 
     def normalized_returns(self, returns: torch.Tensor) -> torch.Tensor:
         return self.value_norm.normalize(returns) if self.value_norm is not None else returns

@@ -34,7 +34,7 @@ from marlkit.config import ModelConfig, RunnerConfig, _range
 from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import RunningMeanStd
-from marlkit.optim import Adam, gradient_step
+from marlkit.optim import Adam, gradient_step, gradient_steps
 from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 from marlkit.storage.returns import lambda_returns
 
@@ -236,28 +236,23 @@ class ValueDecompositionAgent(Agent):
         self._owed += batch.new_episodes * cfg.gradient_steps_per_episode
         steps, self._owed = int(self._owed), self._owed - int(self._owed)
         stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
-        totals: dict[str, float] = {}
-        done = 0
-        for _ in range(steps):
-            if stop():
-                break
+        who = f"group {self.group.name!r} ({self.registered_name})"
+
+        def step(index: np.ndarray) -> dict:
             # the same episodes of every group learned for: their replays fill alike, slot by slot
-            index = replay.sample_index(cfg.batch_size, self.rng)
             samples = [{k: torch.from_numpy(v).to(self.device) for k, v in member.replay.take(index).items()}
                        for member in self.learns_for]
             loss, metrics = self.loss(samples)
-            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm,
-                          f"group {self.group.name!r} ({self.registered_name})")
+            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
             self.gradient_steps += 1
             self.update_targets()
-            for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v)
-            done += 1
-        metrics = {k: v / max(done, 1) for k, v in totals.items()}
+            return metrics
+
+        done = self.gradient_steps
+        metrics = gradient_steps((replay.sample_index(cfg.batch_size, self.rng) for _ in range(steps)), steps,
+                                 step, stop)
         metrics.update(epsilon=self.epsilon(progress), replay_episodes=float(len(replay)),
-                       gradient_steps=float(done))
-        if done < steps:
-            metrics["update_fraction"] = done / steps
+                       gradient_steps=float(self.gradient_steps - done))
         return metrics
 
     @torch.no_grad()
