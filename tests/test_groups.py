@@ -80,9 +80,10 @@ def test_one_mixer_or_critic_learns_for_a_team_of_unlike_agents(tiny, agent, pad
 
 @pytest.mark.slow
 def test_both_groups_learn_their_own_task(env_yaml, tiny):
-    """Discrete predator (reward for action 2) and continuous prey (reward -|a - 0.5|) improve."""
+    """Discrete predator (reward for action 2) and continuous prey (reward -|a - 0.5|) improve (the
+    last 20 episodes at 6k env steps: 8.0 and -1.48; at 8k 8.0 and -1.00)."""
     path = env_yaml("toy_envs:two_team", {"length": 8})
-    overrides = {**tiny, "runner.parallels": 8, "runner.horizon": 16, "runner.total_steps": 12_000,
+    overrides = {**tiny, "runner.parallels": 8, "runner.horizon": 16, "runner.total_steps": 6_000,
                  "agents.MAPPO.lr": 3e-3, "agents.MAPPO.log_std_init": -1.0}
     result = marlkit.run(agent="MAPPO", env=path, seed=3, **overrides)
     last = result.episode_returns[-20:]

@@ -29,7 +29,7 @@ from forked_cli import run_marlkit
 
 TESTS = str(Path(__file__).parent)
 AGENTS, SEEDS = ["MAPPO", "IPPO"], [1, 2]
-TOTAL = 3000
+TOTAL = 2000   # evaluations at 0, 1000 and 2000 env steps
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
