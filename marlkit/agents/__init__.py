@@ -5,11 +5,13 @@ from marlkit.agents.ippo import IPPO
 from marlkit.agents.iql import IQL
 from marlkit.agents.mappo import MAPPO
 from marlkit.agents.mat import MAT
+from marlkit.agents.off_policy import OffPolicyAgent, OffPolicyConfig
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
 from marlkit.agents.qmix import QMIX
 from marlkit.agents.random_policy import RandomAgent
 from marlkit.agents.value_decomposition import ValueDecompositionAgent, ValueDecompositionConfig
 from marlkit.agents.vdn import VDN
 
-__all__ = ["ActOut", "Agent", "Progress", "Schedule", "COMA", "IPPO", "IQL", "MAPPO", "MAT", "OnPolicyAgent",
-           "OnPolicyConfig", "QMIX", "RandomAgent", "VDN", "ValueDecompositionAgent", "ValueDecompositionConfig"]
+__all__ = ["ActOut", "Agent", "Progress", "Schedule", "COMA", "IPPO", "IQL", "MAPPO", "MAT", "OffPolicyAgent",
+           "OffPolicyConfig", "OnPolicyAgent", "OnPolicyConfig", "QMIX", "RandomAgent", "VDN", "ValueDecompositionAgent",
+           "ValueDecompositionConfig"]

@@ -15,7 +15,9 @@ An agent controls one group of agents. The runner and its collector use it throu
   versioned.
 
 The family modules write the shared math once: ``agents/on_policy.py`` (PPO-style: MAPPO, IPPO,
-MAT, COMA) and ``agents/value_decomposition.py`` (Q-learning: IQL, VDN, QMIX).
+MAT, COMA) and ``agents/off_policy.py`` (a replay and owed gradient steps; its Q-learners, IQL, VDN
+and QMIX, in ``agents/value_decomposition.py``). Both take their gradient steps in one loop
+(``optim.gradient_steps``).
 """
 from __future__ import annotations
 

@@ -1,67 +1,57 @@
-"""The value-decomposition family: Q-learning from a replay of episodes (IQL, VDN, QMIX).
+"""The value-decomposition family: Q-learning on the off-policy family's replay (IQL, VDN, QMIX).
 
 Every agent of the group reads its own observation (and id) through one Q network, weights shared
 (the ``q`` model: ``mlp`` by default, ``gru`` for a recurrent agent, ``cnn`` for images). Acting
 is epsilon-greedy among the allowed actions (``action_mask``; a masked action is never picked, at
 random or greedily), epsilon falling linearly with the env steps collected (``Progress``), greedy
-in evaluation. Learning is off-policy: each rollout's finished episodes enter a replay
-(``storage/replay.py``), and every update takes ``gradient_steps_per_episode`` gradient steps per
-new episode, each on ``batch_size`` whole episodes: TD(lambda) targets (``td_lambda``; 0: one-step)
-from target networks copied every ``target_update_interval`` gradient steps, with
-double Q (the online network picks the next action, the target network values it).
+in evaluation. The replay, the gradient steps owed to new episodes and the target networks are
+``agents/off_policy.py``'s; each gradient step here is TD(lambda) on ``batch_size`` whole episodes
+(``td_lambda``; 0: one-step) with double Q (the online network picks the next action, the target
+network values it).
 
 A time limit is a truncation: the step after an episode's last is valued (from the observation the
 episode ended at); a termination is not. A mixer (VDN, QMIX) turns the agents' Q-values into the
 team's, trained on the team reward (the agents' rewards summed, ``team_reward``); without one
 (IQL) each agent learns its own Q on its own reward. Absent agents (``agent_mask`` False) are left
-out of the mix and of the loss.
+out of the mix and of the loss. A team of several groups (``EnvSpec.teams``) is mixed as one
+(``join_team``).
 """
 from __future__ import annotations
 
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import nn
 
-from marlkit.agents.base import require_discrete, ActOut, Agent, Progress, Schedule
+from marlkit.agents.base import ActOut, Progress, require_discrete
+from marlkit.agents.off_policy import OffPolicyAgent, OffPolicyConfig
 from marlkit.agents.on_policy import known_model
 from marlkit.agents.shared_actor import SharedActor
 from marlkit.config import ModelConfig, RunnerConfig, _range
 from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import RunningMeanStd
-from marlkit.optim import Adam, gradient_step, gradient_steps
-from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
+from marlkit.storage import EpisodeReplay, StorageLayout
 from marlkit.storage.returns import lambda_returns
 
 
 @dataclass
-class ValueDecompositionConfig:
-    """Settings shared by IQL, VDN and QMIX; the defaults are EPyMARL's, but for ``td_lambda``."""
+class ValueDecompositionConfig(OffPolicyConfig):
+    """The off-policy family's settings and those IQL, VDN and QMIX share; the defaults are
+    EPyMARL's, but for ``td_lambda``."""
 
-    lr: float = field(default=5e-4, metadata=_range(0.0))
-    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
-    batch_size: int = field(default=32, metadata=_range(1))            # episodes per gradient step
-    buffer_size: int = field(default=5000, metadata=_range(1))         # episodes in the replay
-    gradient_steps_per_episode: float = field(default=1.0, metadata=_range(0.0))
-    learning_starts: int = field(default=0, metadata=_range(0))        # env steps before the first update
     epsilon_start: float = field(default=1.0, metadata=_range(0.0, 1.0))
     epsilon_finish: float = field(default=0.05, metadata=_range(0.0, 1.0))
     epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
-    target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
-    # soft updates instead (EPyMARL's target_update_interval_or_tau below 1): after every gradient
-    # step the targets move this fraction of the way to the online networks; null: hard copies
-    target_update_tau: Optional[float] = field(default=None, metadata=_range(0.0, 1.0))
     double_q: bool = True
     # TD(lambda) targets over each replayed episode (pymarl2's 0.6), which carry a sparse reward back
     # through an episode in one update; 0: one-step targets (EPyMARL's). The one default changed
     # from EPyMARL's: on LBF, QMIX learned far more with it (docs/benchmarks.md)
     td_lambda: float = field(default=0.6, metadata=_range(0.0, 1.0))
-    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
     use_agent_id: bool = True
     team_reward: Literal["sum", "mean"] = "sum"
     # rewards as (r - mean) / std of all rewards replayed so far (EPyMARL's standardise_rewards)
@@ -69,9 +59,9 @@ class ValueDecompositionConfig:
     q: ModelConfig = field(default_factory=ModelConfig)
 
 
-class ValueDecompositionAgent(Agent):
-    """Epsilon-greedy acting, the episode replay and the TD update; ``mixer`` (None: IQL) is what
-    the family's algorithms differ in."""
+class ValueDecompositionAgent(OffPolicyAgent):
+    """Q networks, epsilon-greedy acting and the TD loss on an off-policy agent's replay; ``mixer``
+    (None: IQL) is what the family's algorithms differ in."""
 
     config_cls = ValueDecompositionConfig
     checks_groups = True
@@ -91,12 +81,7 @@ class ValueDecompositionAgent(Agent):
         targets = {f"target_{k}": copy.deepcopy(m).requires_grad_(False) for k, m in online.items()}
         self.modules = nn.ModuleDict({**online, **targets, "reward_norm": RunningMeanStd()}).to(self.device)
         self.recurrent = encoder.is_recurrent
-        # the agents this one learns for, itself first: itself alone, or its team's (join_team)
-        self.learns_for: list[ValueDecompositionAgent] = [self]
-        self._set_optimizer()
-        self.gradient_steps = 0
-        self._owed = 0.0   # gradient steps owed to the episodes collected, not yet taken (the fraction)
-        self.replay: EpisodeReplay | None = None   # the storage it made (make_storage), which a team's lead reads
+        self.set_optimizer()
 
     # ------------------------------------------------------------------ before anything starts
 
@@ -114,21 +99,21 @@ class ValueDecompositionAgent(Agent):
                               f"{cfg.epsilon_start}; exploration falls from start to finish")
 
     @classmethod
-    def schedule_of(cls, cfg: ValueDecompositionConfig) -> Schedule:
-        return Schedule(learning_starts=cfg.learning_starts)
-
-    @classmethod
     def memory_estimate(cls, layout: StorageLayout, cfg: ValueDecompositionConfig, key: str = "") -> MemoryEstimate:
         """The replay's episodes of ``env.episode_limit`` steps (``runner.horizon`` where the env does not
         tell) and the rollouts it is filled from; an update holds a batch of episodes as float32,
         with about three times as much again for activations and gradients."""
-        stores = cls.mixes_on_state(cfg)
+        stores = cls.stores_state(cfg)
         episode = EpisodeReplay.bytes_per_episode(layout, stores)
         steps = layout.env.episode_limit or layout.horizon
         rollouts = (2 if layout.double else 1) * layout.horizon * layout.num_envs * episode // (steps + 1)
         update = cfg.batch_size * episode * 4 * 4
         return MemoryEstimate(cfg.buffer_size * episode + rollouts, update,
                               (f"{key}.buffer_size", f"{key}.batch_size", "env.resize (for images)"))
+
+    @classmethod
+    def stores_state(cls, cfg) -> bool:
+        return cls.mixes_on_state(cfg)
 
     @classmethod
     def mixes_on_state(cls, cfg) -> bool:
@@ -143,9 +128,6 @@ class ValueDecompositionAgent(Agent):
         return None
 
     # ------------------------------------------------------------------ teams of several groups
-
-    # what an acting copy leaves out besides the learner's own: the team it learns with, its replay
-    learner_only = (*Agent.learner_only, "learns_for", "replay")
 
     @classmethod
     def join_team(cls, members: dict[str, "ValueDecompositionAgent"]) -> None:
@@ -165,17 +147,14 @@ class ValueDecompositionAgent(Agent):
             del member.modules["mixer"], member.modules["target_mixer"]
             member.learns_for = []
         lead.learns_for = list(members.values())
-        lead._set_optimizer()
+        lead.set_optimizer()
         for member in rest:
             member.optimizer = lead.optimizer
 
-    def _set_optimizer(self) -> None:
-        """One Adam over the online networks of the agents this one learns for, and its mixer."""
-        online = [m.modules[k] for m in self.learns_for for k in ("q", "q_head")]
-        if "mixer" in self.modules:
-            online.append(self.modules["mixer"])
-        self._clipped = [p for m in online for p in m.parameters()]
-        self.optimizer = Adam([{"params": self._clipped, "lr": self.cfg.lr}])
+    def trained_modules(self) -> list[nn.Module]:
+        """The Q networks of the agents it learns for, and its mixer."""
+        return [m.modules[k] for m in self.learns_for for k in ("q", "q_head")] + \
+            ([self.modules["mixer"]] if "mixer" in self.modules else [])
 
     # ------------------------------------------------------------------ acting
 
@@ -223,52 +202,8 @@ class ValueDecompositionAgent(Agent):
 
     # ------------------------------------------------------------------ learning
 
-    def make_storage(self, layout: StorageLayout) -> EpisodeReplay:
-        self.replay = EpisodeReplay(layout, self.cfg.buffer_size, self.mixes_on_state(self.cfg))
-        return self.replay
-
-    def update(self, batch: EpisodeBatch, progress: Progress | None = None) -> dict[str, float]:
-        cfg, replay = self.cfg, batch.replay
-        if not self.learns_for:   # its team's lead learns for it, on its replay
-            return {}
-        if len(replay) < cfg.batch_size:   # as EPyMARL: no steps owed to the episodes before the first batch
-            return {"replay_episodes": float(len(replay))}
-        self._owed += batch.new_episodes * cfg.gradient_steps_per_episode
-        steps, self._owed = int(self._owed), self._owed - int(self._owed)
-        stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
-        who = f"group {self.group.name!r} ({self.registered_name})"
-
-        def step(index: np.ndarray) -> dict:
-            # the same episodes of every group learned for: their replays fill alike, slot by slot
-            samples = [{k: torch.from_numpy(v).to(self.device) for k, v in member.replay.take(index).items()}
-                       for member in self.learns_for]
-            loss, metrics = self.loss(samples)
-            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
-            self.gradient_steps += 1
-            self.update_targets()
-            return metrics
-
-        done = self.gradient_steps
-        metrics = gradient_steps((replay.sample_index(cfg.batch_size, self.rng) for _ in range(steps)), steps,
-                                 step, stop)
-        metrics.update(epsilon=self.epsilon(progress), replay_episodes=float(len(replay)),
-                       gradient_steps=float(self.gradient_steps - done))
-        return metrics
-
-    @torch.no_grad()
-    def update_targets(self) -> None:
-        """After a gradient step: every ``target_update_interval`` steps a copy of the online
-        networks, or with ``target_update_tau`` a step of that size towards them."""
-        cfg = self.cfg
-        if cfg.target_update_tau is None and self.gradient_steps % cfg.target_update_interval:
-            return
-        for modules in (member.modules for member in self.learns_for):
-            for name in [k for k in modules if "target_" + k in modules]:
-                if cfg.target_update_tau is None:
-                    modules["target_" + name].load_state_dict(modules[name].state_dict())
-                else:
-                    for target, online in zip(modules["target_" + name].parameters(), modules[name].parameters()):
-                        target.lerp_(online, cfg.target_update_tau)
+    def update_metrics(self, progress: Progress | None) -> dict[str, float]:
+        return {"epsilon": self.epsilon(progress)}
 
     def td_terms(self, sample: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This agent's group's part of a TD loss on ``batch_size`` replayed episodes
@@ -331,16 +266,3 @@ class ValueDecompositionAgent(Agent):
             td = torch.where(mask.bool(), team_q - target, 0.0)
         loss = td.pow(2).sum() / mask.sum().clamp(min=1.0)
         return loss, {"td_loss": loss.detach(), "q_taken": taken.detach()[acted].mean()}
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "modules": self.modules.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "gradient_steps": self.gradient_steps, "owed": self._owed}
-
-    def load_state_dict(self, state: dict, weights_only: bool = False) -> None:
-        super().load_state_dict(state, weights_only)
-        self.modules.load_state_dict(state["modules"])
-        if not weights_only:
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.gradient_steps, self._owed = state["gradient_steps"], state["owed"]
