@@ -23,7 +23,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import pickle
 import re
 import time
 from typing import Callable
@@ -36,7 +35,7 @@ from marlkit.envs.sentinel import disarm
 from marlkit.envs.vector.arrays import StepArrays, action_shapes
 from marlkit.envs.vector.base import OPEN_VECTOR_ENVS, VectorEnv, env_seeds
 from marlkit.envs.vector.episode_stats import EpisodeStatistics
-from marlkit.envs.vector.state import dumps_state
+from marlkit.envs.vector.state import dumps_state, loads_states
 from marlkit.errors import ConfigError
 
 # room for a lost actor's replacement: Ray frees a dead node's resources a few seconds after it goes
@@ -86,9 +85,7 @@ class EnvHost:
         return [dumps_state(env) for env in self.envs]
 
     def load_state_dict(self, blobs: list[bytes]) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs = [pickle.loads(blob) for blob in blobs]
+        self.envs = loads_states(self.envs, blobs)
 
     def close(self) -> None:
         for env in getattr(self, "envs", []):

@@ -47,3 +47,10 @@ def dumps_state(obj) -> bytes | None:
     except Exception:
         return None
     return buffer.getvalue()
+
+
+def loads_states(envs: list, blobs: list[bytes]) -> list:
+    """The envs ``dumps_state`` saved as ``blobs``, in place of ``envs``, which are closed."""
+    for env in envs:
+        env.close()
+    return [pickle.loads(blob) for blob in blobs]

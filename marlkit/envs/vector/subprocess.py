@@ -25,7 +25,7 @@ from marlkit.envs.core import EnvWorkerError, Observation, StepResult
 from marlkit.envs.main_guard import check_main_guarded
 from marlkit.envs.vector.arrays import StepArrays, action_shapes
 from marlkit.envs.vector.base import OPEN_VECTOR_ENVS, WorkerVectorEnv, env_seeds
-from marlkit.envs.vector.state import dumps_state
+from marlkit.envs.vector.state import dumps_state, loads_states
 from marlkit.envs.vector.sync import EnvFactory, SyncVectorEnv
 from marlkit.errors import ConfigError
 
@@ -126,9 +126,7 @@ class _Commands:
         return [dumps_state(env) for env in self.envs]
 
     def load_state_dict(self, blobs: list) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs = [pickle.loads(blob) for blob in blobs]
+        self.envs = loads_states(self.envs, blobs)
         if self.local is not None:
             self.local.envs = self.envs
 

@@ -1,7 +1,6 @@
 """All envs of a vector in this process."""
 from __future__ import annotations
 
-import pickle
 from typing import Callable
 
 import numpy as np
@@ -9,7 +8,7 @@ import numpy as np
 from marlkit.envs.core import MultiAgentEnv, Observation, StepResult
 from marlkit.envs.vector.arrays import StepArrays, action_shapes
 from marlkit.envs.vector.base import VectorEnv, env_seeds
-from marlkit.envs.vector.state import dumps_state
+from marlkit.envs.vector.state import dumps_state, loads_states
 
 EnvFactory = Callable[[], MultiAgentEnv]
 
@@ -68,9 +67,7 @@ class SyncVectorEnv(VectorEnv):
         return [dumps_state(env) for env in self.envs]
 
     def load_state_dict(self, blobs: list[bytes]) -> None:
-        for env in self.envs:
-            env.close()
-        self.envs = [pickle.loads(blob) for blob in blobs]
+        self.envs = loads_states(self.envs, blobs)
 
     def close(self) -> None:
         for env in self.envs:
