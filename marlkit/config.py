@@ -24,7 +24,9 @@ WORKER_TIMEOUT = 60.0   # runner.worker_timeout, unless the env type derives ano
 UPDATE_BOUND_THREADS = 2   # runner.update_threads of a run that learns with convolutions, unless set
 
 
-def _range(lo=None, hi=None, **extra) -> dict:
+def value_range(lo=None, hi=None, **extra) -> dict:
+    """A config field's metadata: the smallest and largest values it takes (None: no bound),
+    which every layer of a run's config is checked against."""
     return {"min": lo, "max": hi, **extra}
 
 
@@ -36,7 +38,7 @@ class ModelConfig:
     hidden_sizes: list[int] = field(default_factory=lambda: [64, 64])
     activation: Literal["relu", "tanh", "gelu", "elu"] = "relu"
     layer_norm: bool = True
-    rnn_hidden: int = field(default=64, metadata=_range(1))
+    rnn_hidden: int = field(default=64, metadata=value_range(1))
     kwargs: dict[str, Any] = field(default_factory=dict)
 
 
@@ -50,14 +52,14 @@ class EnvConfig:
     # (groups left out are teams of their own); null: what the env type declares, else the groups
     # whose rewards were equal at every step of the random policy's first steps
     teams: Optional[dict[str, list[str]]] = None
-    max_episode_steps: Optional[int] = field(default=None, metadata=_range(1))
+    max_episode_steps: Optional[int] = field(default=None, metadata=value_range(1))
     render_mode: Optional[str] = None
     # observation wrappers for image envs (marlkit/envs/wrappers.py): [H, W], and K frames per obs
     resize: Optional[list[int]] = None
     # without resize, images with a side over this many pixels are shrunk by averaging whole blocks
     # until no side is; null keeps them as they are
-    max_image_side: Optional[int] = field(default=64, metadata=_range(1))
-    frame_stack: int = field(default=1, metadata=_range(1))
+    max_image_side: Optional[int] = field(default=64, metadata=value_range(1))
+    frame_stack: int = field(default=1, metadata=value_range(1))
     # True only for envs whose whole state pickles (proven by a test that continues a trajectory
     # after a save/load and compares it with the uninterrupted one). Envs whose state lives outside
     # Python (a C engine, a game process) would come back desynchronised, so they resume with
@@ -67,39 +69,39 @@ class EnvConfig:
 
 @dataclass
 class RunnerConfig:
-    parallels: int = field(default=16, metadata=_range(1))
+    parallels: int = field(default=16, metadata=value_range(1))
     # auto: worker processes from two envs on (collection then overlaps the update on another core),
     # in process for one; measured faster than sync for user YAMLs of MLPs and CNNs (docs/benchmarks.md)
     vectorize: Literal["sync", "subprocess", "auto", "ray"] = "auto"
-    workers: Optional[int] = field(default=None, metadata=_range(1))   # ray: actors (null: the cluster's room)
+    workers: Optional[int] = field(default=None, metadata=value_range(1))   # ray: actors (null: the cluster's room)
     # ray: null joins RAY_ADDRESS if set, else starts a Ray of this run; 'auto' or host:port joins a cluster
     ray_address: Optional[str] = None
-    ray_cpus_per_worker: float = field(default=1.0, metadata=_range(0.01))
-    ray_max_restarts: int = field(default=3, metadata=_range(0))   # lost actors replaced per run
+    ray_cpus_per_worker: float = field(default=1.0, metadata=value_range(0.01))
+    ray_max_restarts: int = field(default=3, metadata=value_range(0))   # lost actors replaced per run
     # auto: fork on Linux where this process has no other thread (workers start at once, torch
     # already imported), else spawn
     start_method: Literal["auto", "spawn", "forkserver", "fork"] = "auto"
     # seconds an env worker may take for one command; null: what the env type derives (Unity: from
     # env.timeout_wait and env.max_failures, so that a scene is relaunched before its worker is given up)
-    worker_timeout: Optional[float] = field(default=WORKER_TIMEOUT, metadata=_range(0.1))
-    worker_start_timeout: float = field(default=120.0, metadata=_range(0.1))
-    horizon: int = field(default=25, metadata=_range(1))
-    total_steps: int = field(default=500_000, metadata=_range(1))
-    eval_interval: int = field(default=50_000, metadata=_range(1))
-    eval_episodes: int = field(default=32, metadata=_range(1))
-    eval_parallels: int = field(default=8, metadata=_range(1))
+    worker_timeout: Optional[float] = field(default=WORKER_TIMEOUT, metadata=value_range(0.1))
+    worker_start_timeout: float = field(default=120.0, metadata=value_range(0.1))
+    horizon: int = field(default=25, metadata=value_range(1))
+    total_steps: int = field(default=500_000, metadata=value_range(1))
+    eval_interval: int = field(default=50_000, metadata=value_range(1))
+    eval_episodes: int = field(default=32, metadata=value_range(1))
+    eval_parallels: int = field(default=8, metadata=value_range(1))
     eval_deterministic: bool = False
-    test_episodes: int = field(default=10, metadata=_range(1))
-    episode_step_limit: int = field(default=100_000, metadata=_range(1))
-    save_interval: int = field(default=50_000, metadata=_range(1))
-    log_interval: int = field(default=5_000, metadata=_range(1))
-    torch_threads: Optional[int] = field(default=1, metadata=_range(1))
+    test_episodes: int = field(default=10, metadata=value_range(1))
+    episode_step_limit: int = field(default=100_000, metadata=value_range(1))
+    save_interval: int = field(default=50_000, metadata=value_range(1))
+    log_interval: int = field(default=5_000, metadata=value_range(1))
+    torch_threads: Optional[int] = field(default=1, metadata=value_range(1))
     # torch threads of the update (null: torch_threads); acting keeps torch_threads. 2 pays where the
     # update bounds the run, most with nothing collected beside it (overlap: false), docs/benchmarks.md
-    update_threads: Optional[int] = field(default=None, metadata=_range(1))
+    update_threads: Optional[int] = field(default=None, metadata=value_range(1))
     run_root: str = "runs"
     progress: bool = True
-    video_fps: Optional[int] = field(default=None, metadata=_range(1))
+    video_fps: Optional[int] = field(default=None, metadata=value_range(1))
     # Which evaluation return picks best.pt: a team's (env.teams) or a group's name (its team's
     # return), or None for the mean over the learning teams, each against the random policy playing
     # the other teams where several learn
@@ -120,7 +122,7 @@ class RunnerConfig:
     # workers hold whole blocks, so that every env is acted on in the same batch wherever acting
     # runs: the same bits whatever runner.workers, act_in_workers or vectorize are, on any CPU
     # (torch's matrix kernels round a batch of another size differently, docs/envs.md)
-    act_batch: Optional[int] = field(default=None, metadata=_range(1))
+    act_batch: Optional[int] = field(default=None, metadata=value_range(1))
     # double-buffered collection: the envs in two parts of whole env workers that take turns, one
     # stepping while the policies act (here) on the other, so that acting leaves the envs' critical
     # path; for acting with a processor of its own (a GPU; on 2 CPU cores doom_coop gained nothing,
@@ -206,7 +208,7 @@ class RunConfig:
     agent: str = "MAPPO"
     env_name: str = "mpe_spread"
     mode: Literal["train", "test", "benchmark"] = "train"
-    seed: int = field(default=1, metadata=_range(0))
+    seed: int = field(default=1, metadata=value_range(0))
     device: str = "cpu"
     logger: Literal["tensorboard", "wandb", "console", "none"] = "tensorboard"
     wandb_project: str = "marlkit"

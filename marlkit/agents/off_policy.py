@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from marlkit.agents.base import Agent, Progress, Schedule
-from marlkit.config import _range
+from marlkit.config import value_range
 from marlkit.optim import Adam, gradient_step, gradient_steps
 from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 
@@ -29,17 +29,17 @@ from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
 class OffPolicyConfig:
     """Settings every off-policy agent shares (EPyMARL's defaults)."""
 
-    lr: float = field(default=5e-4, metadata=_range(0.0))
-    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
-    batch_size: int = field(default=32, metadata=_range(1))            # episodes per gradient step
-    buffer_size: int = field(default=5000, metadata=_range(1))         # episodes in the replay
-    gradient_steps_per_episode: float = field(default=1.0, metadata=_range(0.0))
-    learning_starts: int = field(default=0, metadata=_range(0))        # env steps before the first update
-    target_update_interval: int = field(default=200, metadata=_range(1))   # gradient steps
+    lr: float = field(default=5e-4, metadata=value_range(0.0))
+    gamma: float = field(default=0.99, metadata=value_range(0.0, 1.0))
+    batch_size: int = field(default=32, metadata=value_range(1))            # episodes per gradient step
+    buffer_size: int = field(default=5000, metadata=value_range(1))         # episodes in the replay
+    gradient_steps_per_episode: float = field(default=1.0, metadata=value_range(0.0))
+    learning_starts: int = field(default=0, metadata=value_range(0))        # env steps before the first update
+    target_update_interval: int = field(default=200, metadata=value_range(1))   # gradient steps
     # soft updates instead (EPyMARL's target_update_interval_or_tau below 1): after every gradient
     # step the targets move this fraction of the way to the online networks; null: hard copies
-    target_update_tau: Optional[float] = field(default=None, metadata=_range(0.0, 1.0))
-    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
+    target_update_tau: Optional[float] = field(default=None, metadata=value_range(0.0, 1.0))
+    max_grad_norm: Optional[float] = field(default=10.0, metadata=value_range(0.0))
 
 
 class OffPolicyAgent(Agent):

@@ -21,7 +21,7 @@ from torch import nn
 
 from marlkit.agents.base import ActOut, Agent, Progress
 from marlkit.agents.losses import masked_mean, ppo_policy_loss, value_loss
-from marlkit.config import ModelConfig, RunnerConfig, _range
+from marlkit.config import ModelConfig, RunnerConfig, value_range
 from marlkit.errors import ConfigError, UnknownNameError
 from marlkit.memory import MemoryEstimate
 from marlkit.random_streams import GeneratorNoise, StreamNoise
@@ -39,23 +39,23 @@ log = logging.getLogger(__name__)
 class OnPolicyConfig:
     """Settings shared by every on-policy agent (PPO-family defaults from the MAPPO paper)."""
 
-    lr: float = field(default=7e-4, metadata=_range(0.0))
-    critic_lr: Optional[float] = field(default=None, metadata=_range(0.0))
+    lr: float = field(default=7e-4, metadata=value_range(0.0))
+    critic_lr: Optional[float] = field(default=None, metadata=value_range(0.0))
     lr_schedule: Literal["constant", "linear"] = "constant"   # linear: to 0 at runner.total_steps
-    gamma: float = field(default=0.99, metadata=_range(0.0, 1.0))
-    gae_lambda: float = field(default=0.95, metadata=_range(0.0, 1.0))
-    clip: float = field(default=0.2, metadata=_range(0.0))
-    value_clip: Optional[float] = field(default=0.2, metadata=_range(0.0))
-    epochs: int = field(default=10, metadata=_range(1))
-    minibatches: int = field(default=1, metadata=_range(1))
-    entropy_coef: float = field(default=0.01, metadata=_range(0.0))
-    value_coef: float = field(default=1.0, metadata=_range(0.0))
-    max_grad_norm: Optional[float] = field(default=10.0, metadata=_range(0.0))
-    huber_delta: Optional[float] = field(default=10.0, metadata=_range(0.0))
+    gamma: float = field(default=0.99, metadata=value_range(0.0, 1.0))
+    gae_lambda: float = field(default=0.95, metadata=value_range(0.0, 1.0))
+    clip: float = field(default=0.2, metadata=value_range(0.0))
+    value_clip: Optional[float] = field(default=0.2, metadata=value_range(0.0))
+    epochs: int = field(default=10, metadata=value_range(1))
+    minibatches: int = field(default=1, metadata=value_range(1))
+    entropy_coef: float = field(default=0.01, metadata=value_range(0.0))
+    value_coef: float = field(default=1.0, metadata=value_range(0.0))
+    max_grad_norm: Optional[float] = field(default=10.0, metadata=value_range(0.0))
+    huber_delta: Optional[float] = field(default=10.0, metadata=value_range(0.0))
     value_norm: bool = True
     advantage_norm: bool = True
     use_agent_id: bool = True
-    chunk_length: Optional[int] = field(default=None, metadata=_range(1))
+    chunk_length: Optional[int] = field(default=None, metadata=value_range(1))
     log_std_init: float = -0.5
     # the update's forward passes: bfloat16 runs convolutions and matmuls in bfloat16 (weights,
     # gradients and the optimiser stay float32; marlkit/precision.py): a convolutional update is

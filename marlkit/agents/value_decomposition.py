@@ -31,7 +31,7 @@ from marlkit.agents.base import ActOut, Progress, require_discrete
 from marlkit.agents.off_policy import OffPolicyAgent, OffPolicyConfig
 from marlkit.agents.on_policy import known_model
 from marlkit.agents.shared_actor import SharedActor
-from marlkit.config import ModelConfig, RunnerConfig, _range
+from marlkit.config import ModelConfig, RunnerConfig, value_range
 from marlkit.errors import ConfigError
 from marlkit.memory import MemoryEstimate
 from marlkit.networks.normalization import RunningMeanStd
@@ -44,14 +44,14 @@ class ValueDecompositionConfig(OffPolicyConfig):
     """The off-policy family's settings and those IQL, VDN and QMIX share; the defaults are
     EPyMARL's, but for ``td_lambda``."""
 
-    epsilon_start: float = field(default=1.0, metadata=_range(0.0, 1.0))
-    epsilon_finish: float = field(default=0.05, metadata=_range(0.0, 1.0))
-    epsilon_anneal_steps: int = field(default=50_000, metadata=_range(0))   # env steps
+    epsilon_start: float = field(default=1.0, metadata=value_range(0.0, 1.0))
+    epsilon_finish: float = field(default=0.05, metadata=value_range(0.0, 1.0))
+    epsilon_anneal_steps: int = field(default=50_000, metadata=value_range(0))   # env steps
     double_q: bool = True
     # TD(lambda) targets over each replayed episode (pymarl2's 0.6), which carry a sparse reward back
     # through an episode in one update; 0: one-step targets (EPyMARL's). The one default changed
     # from EPyMARL's: on LBF, QMIX learned far more with it (docs/benchmarks.md)
-    td_lambda: float = field(default=0.6, metadata=_range(0.0, 1.0))
+    td_lambda: float = field(default=0.6, metadata=value_range(0.0, 1.0))
     use_agent_id: bool = True
     team_reward: Literal["sum", "mean"] = "sum"
     # rewards as (r - mean) / std of all rewards replayed so far (EPyMARL's standardise_rewards)

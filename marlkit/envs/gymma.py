@@ -18,7 +18,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 from gymnasium import spaces
 
-from marlkit.config import ConfigError, EnvConfig, _range
+from marlkit.config import ConfigError, EnvConfig, value_range
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.envs.pettingzoo import assign_groups, default_state
 from marlkit.registry import closest, register_env
@@ -35,7 +35,7 @@ class GymmaConfig(EnvConfig):
     id: str = ""          # "module:EnvId"; the module is imported first, which registers its envs
     kwargs: dict[str, Any] = field(default_factory=dict)   # passed to gymnasium.make
     # steps per episode, ended as a truncation; null: the env's own limit
-    time_limit: Optional[int] = field(default=None, metadata=_range(1))
+    time_limit: Optional[int] = field(default=None, metadata=value_range(1))
     # team: every agent is paid the sum of all agents' rewards (EPyMARL's common reward, summed)
     reward: Literal["individual", "team"] = "team"
 

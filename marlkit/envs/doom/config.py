@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Optional
 
-from marlkit.config import ConfigError, EnvConfig, _range
+from marlkit.config import ConfigError, EnvConfig, value_range
 from marlkit.envs.doom.rewards import RewardWeights
 from marlkit.registry import closest
 
@@ -18,14 +18,14 @@ class DoomConfig(EnvConfig):
     type: str = "doom"
     scenario: str = "deathmatch.cfg"          # a .cfg shipped with vizdoom, or a path to your own
     doom_map: Optional[str] = None            # e.g. map02; None keeps the scenario's
-    skill: Optional[int] = field(default=None, metadata=_range(1, 5))
+    skill: Optional[int] = field(default=None, metadata=value_range(1, 5))
     # a co-op match: a host and at least one player joining it; ZDoom's network game takes up to 8
-    players: int = field(default=2, metadata=_range(2, 8))
+    players: int = field(default=2, metadata=value_range(2, 8))
     resolution: str = "RES_160X120"           # a vizdoom.ScreenResolution name
     grayscale: bool = True
-    frame_skip: int = field(default=4, metadata=_range(1))    # tics per step, played 2 per barrier
-    episode_timeout: Optional[int] = field(default=2100, metadata=_range(1))  # tics (35 per second)
-    episode_start_time: int = field(default=70, metadata=_range(0))  # tics before the first observation: a
+    frame_skip: int = field(default=4, metadata=value_range(1))    # tics per step, played 2 per barrier
+    episode_timeout: Optional[int] = field(default=2100, metadata=value_range(1))  # tics (35 per second)
+    episode_start_time: int = field(default=70, metadata=value_range(0))  # tics before the first observation: a
                                               # network game opens each episode with ZDoom's screen wipe
     respawn: bool = True                      # false: a dead player is out until the episode ends, which
                                               # it does when every player is dead (or at the timeout)
@@ -33,16 +33,16 @@ class DoomConfig(EnvConfig):
     actions: Optional[list[list[str]]] = None  # the discrete action table; None: no-op + each button alone
     reward: RewardWeights = field(default_factory=RewardWeights)
     state: Literal["variables", "screens"] = "variables"
-    port: Optional[int] = field(default=None, metadata=_range(1, 65535))  # base port (env i: port + i); None: free ports
-    player_timeout: float = field(default=10.0, metadata=_range(0.1))     # s before a silent player is an error
-    start_timeout: float = field(default=30.0, metadata=_range(1.0))
+    port: Optional[int] = field(default=None, metadata=value_range(1, 65535))  # base port (env i: port + i); None: free ports
+    player_timeout: float = field(default=10.0, metadata=value_range(0.1))     # s before a silent player is an error
+    start_timeout: float = field(default=30.0, metadata=value_range(1.0))
     restart_on_failure: bool = False          # restart a failed match (counted, logged) instead of raising
     host_args: list[str] = field(default_factory=list)   # extra engine arguments for the host, e.g. +timelimit 1
     add_starts: bool = True                   # give single-player maps a start per player (coop_starts.py)
     fresh_inventory: bool = True              # every episode starts with the map's inventory and health (coop_starts.py)
     own_kills: bool = True                    # count each player's own kills (kill_credit.py); false: every
                                               # player's kills are the level's count (infighting included)
-    start_spacing: float = field(default=64.0, metadata=_range(16.0))   # map units between added starts
+    start_spacing: float = field(default=64.0, metadata=value_range(16.0))   # map units between added starts
     engine_wait: Literal["yield", "spin"] = "yield"   # an engine waiting for its peers gives its core away
                                               # (engine_wait.c, preloaded) or spins as ViZDoom does
 

@@ -45,7 +45,7 @@ from typing import Optional
 import numpy as np
 from gymnasium import spaces
 
-from marlkit.config import ConfigError, EnvConfig, _range
+from marlkit.config import ConfigError, EnvConfig, value_range
 from marlkit.envs import ports
 from marlkit.envs.core import EnvAPIError, EnvSpec, EnvWorkerError, GroupSpec, MultiAgentEnv, Observation
 from marlkit.registry import register_env
@@ -76,7 +76,7 @@ class UnityConfig(EnvConfig):
     flatten_actions: bool = False                # MultiDiscrete -> one Discrete with the joint action mask
     max_agents: dict[str, int] = field(default_factory=dict)   # slots per group for agents that appear later
     restart_on_failure: bool = True              # relaunch a scene that exits or stops answering (counted, logged)
-    max_failures: int = field(default=3, metadata=_range(1))   # scene failures in a row that stop the run
+    max_failures: int = field(default=3, metadata=value_range(1))   # scene failures in a row that stop the run
 
 
 class UnityEnvError(EnvWorkerError):
