@@ -78,3 +78,39 @@ def test_agents_that_are_not_recurrent_refuse_a_recurrent_model_at_config_time(t
     with pytest.raises(ConfigError, match=message):
         _first_update(tiny, agent, [3, 5, 7])
     assert not Path(tiny["runner.run_root"]).exists()
+
+
+def test_the_gru_runs_each_stretch_between_episode_starts_as_the_step_by_step_recurrence_would():
+    """One GRU call per stretch with no episode start gives the per-step recurrence's features, final
+    memory and gradients to float rounding; a start zeroes the memory of its own row only."""
+    from marlkit.config import ModelConfig
+    from marlkit.networks.rnn import GRU as GRUModel
+    torch.manual_seed(0)
+    model = GRUModel((6,), ModelConfig(name="gru", hidden_sizes=[8], rnn_hidden=8))
+    length, batch = 12, 4
+    x = torch.randn(length, batch, 6)
+    hidden = torch.randn(batch, 8)
+    starts = torch.zeros(length, batch, dtype=torch.bool)
+    starts[3, 0] = starts[3, 2] = starts[8, 1] = starts[0, 3] = True   # a start at step 0 is the caller's
+
+    features, last = model(x, hidden, starts)
+    assert features.shape == (length, batch, 8) and last.shape == (batch, 8)
+
+    h, steps = hidden, []
+    for t in range(length):
+        if t > 0:
+            h = h * (~starts[t]).unsqueeze(-1).float()
+        z = model.mlp(x[t])
+        h = model.gru(z.unsqueeze(0), h.unsqueeze(0))[1].squeeze(0)
+        steps.append(model.norm(h))
+    torch.testing.assert_close(features, torch.stack(steps), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(last, h, rtol=1e-6, atol=1e-6)
+
+    grads = torch.autograd.grad(features.square().sum(), list(model.parameters()))
+    step_grads = torch.autograd.grad(torch.stack(steps).square().sum(), list(model.parameters()))
+    for a, b in zip(grads, step_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    # row 0's memory after its start at step 3 is the same as a fresh run from step 3 on
+    fresh, _ = model(x[3:, :1], torch.zeros(1, 8))
+    torch.testing.assert_close(features[3:, :1], fresh, rtol=1e-6, atol=1e-6)

@@ -14,7 +14,8 @@ from marlkit.registry import get_model, register_model
 
 @register_model("gru")
 class GRU(Encoder):
-    """A feed-forward encoder, then a GRU; the hidden state resets where an episode starts.
+    """A feed-forward encoder, then a GRU; the hidden state resets where an episode starts, and the
+    steps between two starts go through the GRU in one call.
 
     The encoder is MLP layers (inputs flattened) by default, or any feed-forward registered model
     named by ``kwargs.encoder`` (``cnn`` for pixels: ``{name: gru, kwargs: {encoder: cnn}}``), built
@@ -68,12 +69,15 @@ class GRU(Encoder):
             z = z.unsqueeze(2).expand(-1, -1, copies, -1).reshape(length, batch * copies, -1)
             batch *= copies
         h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
+        # one GRU call over each stretch of steps in which no episode starts: the memory resets only
+        # where one does (a start at the first step is the caller's, in ``hidden``)
+        starts = [] if episode_start is None else (torch.nonzero(episode_start[1:].any(-1)).flatten() + 1).tolist()
         outputs = []
-        for t in range(length):
-            if episode_start is not None and t > 0:
-                h = h * (~episode_start[t]).unsqueeze(-1).to(h.dtype)
-            out, h_seq = self.gru(z[t:t + 1], h.unsqueeze(0).contiguous())
+        for first, end in zip([0, *starts], [*starts, length]):
+            if first > 0:
+                h = h * (~episode_start[first]).unsqueeze(-1).to(h.dtype)
+            out, h_seq = self.gru(z[first:end], h.unsqueeze(0).contiguous())
             h = h_seq.squeeze(0)
             outputs.append(out)
-        features = self.norm(torch.cat(outputs, 0))
+        features = self.norm(outputs[0] if len(outputs) == 1 else torch.cat(outputs, 0))
         return (features.reshape(length, -1, copies, self.hidden_size) if copies else features), h
