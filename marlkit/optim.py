@@ -130,6 +130,7 @@ def gradient_steps(batches: Iterable, planned: int, step: Callable[[Any], dict],
     step's boundary) -> the metrics averaged over the steps taken, and ``update_fraction`` (the
     share taken) where a stop cut them short. Both families' updates are this loop."""
     totals: dict[str, float] = {}
+    counts: dict[str, int] = {}   # a metric is averaged over the steps that gave it (an actor's delayed steps)
     taken, batches = 0, iter(batches)
     while not stop():   # asked before the next batch is drawn: a stop draws nothing it will not use
         batch = next(batches, None)
@@ -137,8 +138,9 @@ def gradient_steps(batches: Iterable, planned: int, step: Callable[[Any], dict],
             break
         for k, v in step(batch).items():
             totals[k] = totals.get(k, 0.0) + float(v)
+            counts[k] = counts.get(k, 0) + 1
         taken += 1
-    metrics = {k: v / max(taken, 1) for k, v in totals.items()}
+    metrics = {k: v / counts[k] for k, v in totals.items()}
     if taken < planned:
         metrics["update_fraction"] = taken / planned
     return metrics

@@ -1,14 +1,17 @@
-"""The off-policy family: agents that learn from a replay of all they collected (IQL, VDN, QMIX).
+"""The off-policy family: agents that learn from a replay of all they collected: the Q-learners
+(IQL, VDN, QMIX, on a replay of whole episodes) and the actor-critics of continuous actions
+(MADDPG, MATD3, MASAC, IDDPG, ISAC, on a replay of transitions).
 
 ``OffPolicyAgent`` owns what they share, as ``agents/on_policy.py`` does for PPO's family: the
-replay of whole episodes (``storage/replay.py``), the gradient steps owed to the episodes each
-rollout completes (``gradient_steps_per_episode`` per episode, none before the replay holds a
-batch) and their stop-aware loop with averaged metrics (``optim.gradient_steps``), the target
-networks (every module ``x`` with a ``target_x`` beside it: copied every ``target_update_interval``
-gradient steps, or moved ``target_update_tau`` of the way after each), one Adam over the online
-networks, and the checkpoint of its counters. An algorithm builds its networks, acts, and writes
-``loss`` on the episodes each gradient step draws; it may learn for the agents of other groups too
-(``learns_for``: a team's, ``Agent.join_team``), on the same episodes of each group's replay.
+replay (``make_replay``: ``storage/replay.py`` or ``storage/transitions.py``), the gradient steps
+owed to what each rollout collected (``owed_steps``; none before the replay holds a batch) and
+their stop-aware loop with averaged metrics (``optim.gradient_steps``), the target networks (every
+module ``x`` with a ``target_x`` beside it: copied every ``target_update_interval`` gradient
+steps, or moved ``target_update_tau`` of the way after each), one Adam over the online networks,
+and the checkpoint of its counters. An algorithm builds its networks, acts, and writes ``loss`` on
+what each gradient step draws (or ``learn``, where a step is several losses, each with its own
+optimiser); it may learn for the agents of other groups too (``learns_for``: a team's,
+``Agent.join_team``), on the same draws of each group's replay.
 """
 from __future__ import annotations
 
@@ -22,18 +25,18 @@ from torch import nn
 from marlkit.agents.base import Agent, Progress, Schedule
 from marlkit.config import value_range
 from marlkit.optim import Adam, gradient_step, gradient_steps
-from marlkit.storage import EpisodeBatch, EpisodeReplay, StorageLayout
+from marlkit.storage import EpisodeReplay, ReplayBatch, StorageLayout, TransitionReplay
 
 
 @dataclass
 class OffPolicyConfig:
-    """Settings every off-policy agent shares (EPyMARL's defaults)."""
+    """Settings every off-policy agent shares (EPyMARL's defaults); ``batch_size`` and
+    ``buffer_size`` count what the family's replay holds (episodes, or transitions)."""
 
     lr: float = field(default=5e-4, metadata=value_range(0.0))
     gamma: float = field(default=0.99, metadata=value_range(0.0, 1.0))
-    batch_size: int = field(default=32, metadata=value_range(1))            # episodes per gradient step
-    buffer_size: int = field(default=5000, metadata=value_range(1))         # episodes in the replay
-    gradient_steps_per_episode: float = field(default=1.0, metadata=value_range(0.0))
+    batch_size: int = field(default=32, metadata=value_range(1))            # what the replay holds, per gradient step
+    buffer_size: int = field(default=5000, metadata=value_range(1))         # what the replay holds
     learning_starts: int = field(default=0, metadata=value_range(0))        # env steps before the first update
     target_update_interval: int = field(default=200, metadata=value_range(1))   # gradient steps
     # soft updates instead (EPyMARL's target_update_interval_or_tau below 1): after every gradient
@@ -44,9 +47,11 @@ class OffPolicyConfig:
 
 class OffPolicyAgent(Agent):
     """The replay, the owed gradient steps, target networks and their checkpoint; subclasses set
-    ``self.modules`` and call ``set_optimizer`` in their ``__init__``, and write ``loss``."""
+    ``self.modules`` and call ``set_optimizer`` in their ``__init__``, and write ``make_replay``,
+    ``owed_steps`` and ``loss`` (or ``learn``)."""
 
     config_cls = OffPolicyConfig
+    replay_unit = "episodes"   # what the replay holds, as its metric names it (``replay_episodes``)
     # what an acting copy leaves out besides the learner's own: the agents it learns for, its replay
     learner_only = (*Agent.learner_only, "learns_for", "replay")
 
@@ -56,7 +61,7 @@ class OffPolicyAgent(Agent):
         self.learns_for: list[OffPolicyAgent] = [self]
         self.gradient_steps = 0
         self._owed = 0.0   # gradient steps owed to the episodes collected, not yet taken (the fraction)
-        self.replay: EpisodeReplay | None = None   # the storage it made (make_storage), which a team's lead reads
+        self.replay: EpisodeReplay | TransitionReplay | None = None   # made by make_storage; a team's lead reads it
 
     # ------------------------------------------------------------------ for the algorithms
 
@@ -69,10 +74,31 @@ class OffPolicyAgent(Agent):
         """The online networks the optimiser steps: the agents' it learns for, and its own."""
         raise NotImplementedError
 
-    def loss(self, samples: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The loss on the same ``batch_size`` episodes of each agent it learns for (``samples[i]``
-        of ``learns_for[i]``, as ``EpisodeReplay.take`` gives them as tensors: ``[B, L (+ 1), ...]``)."""
+    def make_replay(self, layout: StorageLayout) -> EpisodeReplay | TransitionReplay:
+        """The family's replay of ``buffer_size`` (episodes or transitions)."""
         raise NotImplementedError
+
+    def owed_steps(self, batch: ReplayBatch) -> float:
+        """The gradient steps owed to what one rollout collected (``batch.new_episodes`` episodes
+        ended, ``batch.env_steps`` env steps)."""
+        raise NotImplementedError
+
+    def loss(self, samples: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss on the same ``batch_size`` draws of each agent it learns for (``samples[i]``
+        of ``learns_for[i]``, as the replay's ``take`` gives them, as tensors)."""
+        raise NotImplementedError
+
+    def learn(self, samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """One gradient step on ``samples`` (see ``loss``) -> its metrics: by default down ``loss``
+        with the one optimiser."""
+        loss, metrics = self.loss(samples)
+        gradient_step(self.optimizer, self._clipped, loss, metrics, self.cfg.max_grad_norm, self.who)
+        return metrics
+
+    @property
+    def who(self) -> str:
+        """The group and its agent, for messages."""
+        return f"group {self.group.name!r} ({self.registered_name})"
 
     def update_metrics(self, progress: Progress | None) -> dict[str, float]:
         """What an update logs beside the loss's metrics (an exploration rate)."""
@@ -91,27 +117,26 @@ class OffPolicyAgent(Agent):
 
     # ------------------------------------------------------------------ learning
 
-    def make_storage(self, layout: StorageLayout) -> EpisodeReplay:
-        self.replay = EpisodeReplay(layout, self.cfg.buffer_size, self.stores_state(self.cfg))
+    def make_storage(self, layout: StorageLayout) -> EpisodeReplay | TransitionReplay:
+        self.replay = self.make_replay(layout)
         return self.replay
 
-    def update(self, batch: EpisodeBatch, progress: Progress | None = None) -> dict[str, float]:
+    def update(self, batch: ReplayBatch, progress: Progress | None = None) -> dict[str, float]:
         cfg, replay = self.cfg, batch.replay
+        held = f"replay_{self.replay_unit}"
         if not self.learns_for:   # its team's lead learns for it, on its replay
             return {}
-        if len(replay) < cfg.batch_size:   # as EPyMARL: no steps owed to the episodes before the first batch
-            return {"replay_episodes": float(len(replay))}
-        self._owed += batch.new_episodes * cfg.gradient_steps_per_episode
+        if len(replay) < cfg.batch_size:   # as EPyMARL: no steps owed to what came before the first batch
+            return {held: float(len(replay))}
+        self._owed += self.owed_steps(batch)
         steps, self._owed = int(self._owed), self._owed - int(self._owed)
         stop = progress.stop_requested if progress is not None and progress.stop_requested else bool
-        who = f"group {self.group.name!r} ({self.registered_name})"
 
         def step(index: np.ndarray) -> dict:
-            # the same episodes of every group learned for: their replays fill alike, slot by slot
+            # the same draws of every group learned for: their replays fill alike, slot by slot
             samples = [{k: torch.from_numpy(v).to(self.device) for k, v in member.replay.take(index).items()}
                        for member in self.learns_for]
-            loss, metrics = self.loss(samples)
-            gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
+            metrics = self.learn(samples)
             self.gradient_steps += 1
             self.update_targets()
             return metrics
@@ -119,8 +144,9 @@ class OffPolicyAgent(Agent):
         done = self.gradient_steps
         metrics = gradient_steps((replay.sample_index(cfg.batch_size, self.rng) for _ in range(steps)), steps,
                                  step, stop)
-        metrics.update(self.update_metrics(progress), replay_episodes=float(len(replay)),
-                       gradient_steps=float(self.gradient_steps - done))
+        metrics.update(self.update_metrics(progress))
+        metrics[held] = float(len(replay))
+        metrics["gradient_steps"] = float(self.gradient_steps - done)
         return metrics
 
     @torch.no_grad()

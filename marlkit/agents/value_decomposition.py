@@ -42,8 +42,9 @@ from marlkit.storage.returns import lambda_returns
 @dataclass
 class ValueDecompositionConfig(OffPolicyConfig):
     """The off-policy family's settings and those IQL, VDN and QMIX share; the defaults are
-    EPyMARL's, but for ``td_lambda``."""
+    EPyMARL's, but for ``td_lambda``. ``batch_size`` and ``buffer_size`` count episodes."""
 
+    gradient_steps_per_episode: float = field(default=1.0, metadata=value_range(0.0))
     epsilon_start: float = field(default=1.0, metadata=value_range(0.0, 1.0))
     epsilon_finish: float = field(default=0.05, metadata=value_range(0.0, 1.0))
     epsilon_anneal_steps: int = field(default=50_000, metadata=value_range(0))   # env steps
@@ -114,6 +115,14 @@ class ValueDecompositionAgent(OffPolicyAgent):
     @classmethod
     def stores_state(cls, cfg) -> bool:
         return cls.mixes_on_state(cfg)
+
+    def make_replay(self, layout: StorageLayout) -> EpisodeReplay:
+        return EpisodeReplay(layout, self.cfg.buffer_size, self.stores_state(self.cfg))
+
+    def owed_steps(self, batch) -> float:
+        """``gradient_steps_per_episode`` for each episode the rollout completed (EPyMARL's episode
+        runner: one)."""
+        return batch.new_episodes * self.cfg.gradient_steps_per_episode
 
     @classmethod
     def mixes_on_state(cls, cfg) -> bool:

@@ -6,7 +6,7 @@ for its block of envs) writes one :class:`~marlkit.storage.layout.Transition` pe
 :class:`~marlkit.storage.rollout.Rollout` of ``[T, E, A, ...]`` arrays, and hands the finished
 rollout over as a :class:`Collected` with the observation after its last step. ``Storage.finish``
 turns it into the batch the agent's ``update`` consumes: the rollout itself for on-policy agents,
-the episodes it completed, added to a replay, for value decomposition.
+what it completed, added to a replay (of episodes or of transitions), for off-policy agents.
 """
 from __future__ import annotations
 
@@ -23,6 +23,16 @@ class Collected:
 
     rollout: Rollout
     bootstrap: Bootstrap
+
+
+@dataclass
+class ReplayBatch:
+    """What an off-policy update learns from: the replay, with what this rollout completed already
+    in it, the episodes that ended in the rollout and its env steps (each env's step counts one)."""
+
+    replay: Any
+    new_episodes: int
+    env_steps: int
 
 
 class Storage:

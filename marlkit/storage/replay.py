@@ -14,27 +14,15 @@ Observations keep their dtype (uint8 images stay uint8).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from marlkit.storage.base import Collected, Storage
+from marlkit.storage.base import Collected, ReplayBatch, Storage
 from marlkit.storage.layout import StorageLayout
 from marlkit.storage.rollout import Rollout
 
 # the rollout's fields an episode keeps: per step and the step after the last ([L + 1]), and per step
 _STEP_FIELDS = ("obs", "state", "agent_mask", "action_mask")
 _ACTION_FIELDS = ("actions", "reward", "terminated", "truncated", "agent_end")
-
-
-@dataclass
-class EpisodeBatch:
-    """What a value-decomposition update learns from: the replay, with the episodes this rollout
-    completed already in it, and how many there were."""
-
-    replay: "EpisodeReplay"
-    new_episodes: int
-    env_steps: int
 
 
 class EpisodeReplay(Storage):
@@ -58,7 +46,7 @@ class EpisodeReplay(Storage):
     def _empty_partial() -> dict[str, list]:
         return {name: [] for name in (*_STEP_FIELDS, *_ACTION_FIELDS)}
 
-    def finish(self, collected: Collected) -> EpisodeBatch:
+    def finish(self, collected: Collected) -> ReplayBatch:
         """Append the rollout to each env's episode in progress; episodes that ended enter the ring
         (the oldest give way when it is full)."""
         rollout = collected.rollout
@@ -77,7 +65,7 @@ class EpisodeReplay(Storage):
                 start = stop
         for _, _, part, final in sorted(ended, key=lambda x: x[:2]):   # in the order they ended
             self._add({name: np.concatenate(chunks) for name, chunks in part.items()}, final, rollout)
-        return EpisodeBatch(self, len(ended), rollout.horizon * rollout.num_envs)
+        return ReplayBatch(self, len(ended), rollout.horizon * rollout.num_envs)
 
     def _add(self, episode: dict[str, np.ndarray], final, rollout: Rollout) -> None:
         """One finished episode into the ring; ``final`` is (obs, state, action mask) after its last
