@@ -56,3 +56,29 @@ def test_custom_mixer_example_trains_from_the_cli(tmp_path):
     assert weights.shape == (3,) and not torch.allclose(torch.nn.functional.softplus(weights), torch.tensor(0.5))
     out = run(["-m", "marlkit", "--import", "custom_mixer", "--list"], tmp_path, PYTHONPATH=str(EXAMPLES))
     assert "WVDN" in out.stdout
+
+
+@pytest.mark.slow
+def test_custom_actor_critic_example_trains_from_the_cli(tmp_path):
+    """An actor-critic of one's own (its policy, acting and actor loss) on the off-policy
+    actor-critic base: listed, trained from the CLI on continuous actions (its critic's weights move,
+    its noise falls to the final value) and loaded through --import."""
+    import torch
+    listing = run([str(EXAMPLES / "custom_actor_critic.py"), "--list"], tmp_path)
+    assert "DECAY_DDPG" in listing.stdout
+    out = run([str(EXAMPLES / "custom_actor_critic.py"), "--agent", "DECAY_DDPG", "--env", "mpe_spread_continuous",
+               "--set", "runner.total_steps=1200", "runner.parallels=4", "runner.vectorize=sync",
+               "runner.log_interval=400", f"runner.run_root={tmp_path}", "runner.progress=false",
+               "agents.DECAY_DDPG.learning_starts=400", "agents.DECAY_DDPG.batch_size=32",
+               "agents.DECAY_DDPG.decay_steps=800", "--logger", "console"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    noise = [float(tok.split("=")[1]) for ln in out.stdout.splitlines() for tok in ln.split()
+             if tok.startswith("agents/exploration_noise=")]
+    assert noise and noise[-1] == pytest.approx(0.05)
+    [latest] = tmp_path.glob("mpe_spread_continuous/DECAY_DDPG/*/latest.pt")
+    state = torch.load(latest, weights_only=False)["groups"]["agents"]
+    assert state["gradient_steps"] > 0
+    modules = state["modules"]
+    assert not torch.equal(modules["critic_0_head.weight"], modules["target_critic_0_head.weight"])
+    out = run(["-m", "marlkit", "--import", "custom_actor_critic", "--list"], tmp_path, PYTHONPATH=str(EXAMPLES))
+    assert "DECAY_DDPG" in out.stdout

@@ -160,8 +160,9 @@ class OffPolicyActorCritic(OffPolicyAgent):
         raise NotImplementedError
 
     def target_actions(self, out: torch.Tensor, noise) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The next step's actions for the critic's target, from the target (or own) policy's ``out``."""
-        return self.policy_actions(out, True, noise)
+        """The next step's actions for the critic's target, from the target (or own) policy's ``out``:
+        sampled from a stochastic policy, a deterministic one's as they are."""
+        return self.policy_actions(out, self.stochastic, noise)
 
     def actor_loss_terms(self, q: torch.Tensor, log_prob: torch.Tensor | None) -> torch.Tensor:
         """Per agent ``[B, A]``, what the actor's step descends, from the critic's ``q`` of the
