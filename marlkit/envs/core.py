@@ -99,6 +99,10 @@ class MultiAgentEnv:
     # True when pickling the env object captures its whole state, so a resumed run continues the
     # very same episodes (see EnvConfig.exact_resume).
     exact_resume: bool = False
+    # True for an env type whose envs come as one batch (VMAS: E copies in tensors, one step for all):
+    # the vector layer asks its ``vector_env(cfg, num_envs, render, first_index)`` for the whole
+    # vector env instead of building one env per slot
+    batched: bool = False
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -39,7 +39,11 @@ class _EnvBuilder:
 def make_env_vector(cfg: EnvConfig, rc: RunnerConfig, num_envs: int | None = None,
                     render: bool = False, first_index: int = 0) -> EpisodeStatistics:
     """``first_index``: the index of the first env, so that two vector envs open at once (training
-    and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids."""
+    and evaluation) hand their envs distinct indices, hence distinct fixed ports and worker ids. An
+    env type whose envs come as one batch (``batched``) builds the vector env itself."""
+    env_type = get_env_type(cfg.type)
+    if env_type.batched:
+        return EpisodeStatistics(env_type.vector_env(cfg, num_envs or rc.parallels, render, first_index))
     if rc.vectorize == "ray":
         from marlkit.envs.vector.ray import make_ray_vector_env
         return make_ray_vector_env(_EnvBuilder(cfg, render), num_envs or rc.parallels, rc.workers,
