@@ -43,6 +43,7 @@ from marlkit.networks.base import as_float, init_linear
 from marlkit.networks.mlp import flat_size
 from marlkit.optim import Adam, gradient_step
 from marlkit.random_streams import GeneratorNoise, StreamNoise
+from marlkit.registry import get_model
 from marlkit.storage import ReplayBatch, StorageLayout, TransitionReplay
 
 
@@ -119,7 +120,6 @@ class OffPolicyActorCritic(OffPolicyAgent):
 
     @classmethod
     def check_config(cls, cfg: ActorCriticConfig, rc: RunnerConfig, key: str) -> None:
-        from marlkit.registry import get_model
         for role in ("actor", "critic"):
             model = getattr(cfg, role)
             known_model(model.name, f"{key}.{role}.name")
