@@ -189,6 +189,15 @@ def test_acting_in_the_workers_trains_as_acting_here(tiny, env_yaml):
     assert_same_training(here, there, group="prey")
 
 
+def test_multiwalker_trains_with_its_continuous_torques(tiny):
+    """SISL's multiwalker as packaged: three walkers, four torques each in [-1, 1]."""
+    run = marlkit.run(agent="MATD3", env="multiwalker", seed=1, **{
+        **tiny, "runner.vectorize": "sync", "runner.parallels": 2, "runner.horizon": 50, "runner.total_steps": 400,
+        "agents.MATD3.learning_starts": 100, "agents.MATD3.batch_size": 32})
+    # every env step of the two envs is one transition of the group (while a walker stands)
+    assert run.metrics["agents/replay_transitions"] == 400 and run.metrics["agents/gradient_steps"] > 0
+
+
 # ---------------------------------------------------------------------- refusals
 
 
