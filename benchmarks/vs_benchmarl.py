@@ -1,8 +1,8 @@
-"""marlkit's MADDPG (or MASAC) against BenchMARL 1.5.2's on the same VMAS task, with the same frames,
-networks, batch and gradient steps per iteration, each side as a whole process, taking turns.
+"""marlkit's MADDPG, MASAC or MAPPO against BenchMARL 1.5.2's on the same VMAS task, with the same
+frames, networks, batch and gradient steps per iteration, each side as a whole process, taking turns.
 
-    .venv/bin/python benchmarks/vs_benchmarl.py [--algorithm maddpg|masac] [--task navigation|balance]
-        [--frames 60000] [--seeds 1 2 3] [--skip-install] [--venv DIR] [--out FILE]
+    .venv/bin/python benchmarks/vs_benchmarl.py [--algorithm maddpg|masac|mappo] [--task navigation|balance]
+        [--frames 60000] [--gradient-steps 1000] [--seeds 1 2 3] [--skip-install] [--venv DIR] [--out FILE]
 
 BenchMARL runs in a virtual environment of its own, benchmarks/.benchmarl-venv (``--venv``), which
 this script creates on first use: python3.11 -m venv, the CPU build of torch 2.13.0 first, then
@@ -13,8 +13,11 @@ Both sides get BenchMARL's experiment defaults where both have the setting, and 
 (3 agents, 100 steps, individual rewards):
 - a frame is one step of one env with all its agents; an iteration collects 6,000 frames from 60
   envs of 100 steps (marlkit: ``runner.parallels 60``, ``runner.horizon 100``);
-- 1,000 gradient steps per iteration on batches of 128 transitions from a replay of 1M
-  (``gradient_steps_per_env_step`` 1/6), no random frames first (``learning_starts 0``);
+- off-policy: ``--gradient-steps`` per iteration (BenchMARL's default 1,000) on batches of 128
+  transitions from a replay of 1M (``gradient_steps_per_env_step``: that over 6,000), no random
+  frames first (``learning_starts 0``);
+- MAPPO: 45 epochs of 15 minibatches of 400 frames per iteration, GAE lambda 0.9, clip 0.2, no
+  entropy bonus, a critic of all agents' observations (the state);
 - Adam at lr 5e-5 for every network, gradients clipped to a norm of 5, gamma 0.99, soft target
   updates with tau 0.005;
 - actor and critic MLPs [256, 256] with tanh, no normalisation layers; parameters shared across
@@ -41,14 +44,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 VERSION = "1.5.2"
-ITERATION = {"frames": 6000, "envs": 60, "steps": 100, "gradient_steps": 1000, "batch": 128}
+ITERATION = {"frames": 6000, "envs": 60, "steps": 100, "gradient_steps": 1000, "batch": 128,
+             "epochs": 45, "minibatch": 400}
 SHARED = {"lr": 5e-5, "gamma": 0.99, "tau": 0.005, "clip_grad_norm": 5.0, "memory": 1_000_000,
           "hidden": [256, 256], "activation": "tanh"}
 
 # run with BenchMARL's python as ``helper ALGORITHM TASK FRAMES SEED FOLDER``: prints one JSON line
 HELPER = '''
 import json, sys, glob
-from benchmarl.algorithms import MaddpgConfig, MasacConfig
+from benchmarl.algorithms import MaddpgConfig, MappoConfig, MasacConfig
 from benchmarl.environments import VmasTask
 from benchmarl.experiment import Experiment, ExperimentConfig
 from benchmarl.models.mlp import MlpConfig
@@ -62,11 +66,14 @@ cfg.max_n_frames = frames
 cfg.off_policy_collected_frames_per_batch = it["frames"]
 cfg.off_policy_n_envs_per_worker = it["envs"]
 cfg.off_policy_n_optimizer_steps = it["gradient_steps"]
+cfg.on_policy_collected_frames_per_batch = it["frames"]
+cfg.on_policy_n_envs_per_worker = it["envs"]
+cfg.on_policy_n_minibatch_iters, cfg.on_policy_minibatch_size = it["epochs"], it["minibatch"]
 cfg.off_policy_train_batch_size = it["batch"]
 cfg.off_policy_memory_size = shared["memory"]
 cfg.lr, cfg.gamma, cfg.polyak_tau, cfg.clip_grad_val = shared["lr"], shared["gamma"], shared["tau"], shared["clip_grad_norm"]
 cfg.evaluation_interval, cfg.evaluation_episodes = frames, it["envs"]
-chosen = {"maddpg": MaddpgConfig, "masac": MasacConfig}[algorithm].get_from_yaml()
+chosen = {"maddpg": MaddpgConfig, "masac": MasacConfig, "mappo": MappoConfig}[algorithm].get_from_yaml()
 experiment = Experiment(task=getattr(VmasTask, task.upper()).get_from_yaml(), algorithm_config=chosen,
                         model_config=MlpConfig.get_from_yaml(), critic_model_config=MlpConfig.get_from_yaml(),
                         seed=seed, config=cfg)
@@ -104,15 +111,24 @@ def run_benchmarl(venv: Path, algorithm: str, task: str, frames: int, seed: int)
 def marlkit_settings(algorithm: str, frames: int) -> list[str]:
     agent = algorithm.upper()
     model = "{hidden_sizes: [256, 256], activation: tanh, layer_norm: false}"
-    return [f"runner.total_steps={frames}", f"runner.parallels={ITERATION['envs']}",
-            f"runner.horizon={ITERATION['steps']}", f"runner.eval_interval={frames}",
-            f"runner.eval_episodes={ITERATION['envs']}", f"runner.eval_parallels={ITERATION['envs']}",
-            f"runner.save_interval={frames}", "runner.progress=false",
-            f"agents.{agent}.lr={SHARED['lr']}", f"agents.{agent}.gamma={SHARED['gamma']}",
-            f"agents.{agent}.target_update_tau={SHARED['tau']}", f"agents.{agent}.max_grad_norm={SHARED['clip_grad_norm']}",
-            f"agents.{agent}.buffer_size={SHARED['memory']}", f"agents.{agent}.batch_size={ITERATION['batch']}",
-            f"agents.{agent}.gradient_steps_per_env_step={ITERATION['gradient_steps'] / ITERATION['frames']}",
-            f"agents.{agent}.learning_starts=0", f"agents.{agent}.actor={model}", f"agents.{agent}.critic={model}"]
+    runner = [f"runner.total_steps={frames}", f"runner.parallels={ITERATION['envs']}",
+              f"runner.horizon={ITERATION['steps']}", f"runner.eval_interval={frames}",
+              f"runner.eval_episodes={ITERATION['envs']}", f"runner.eval_parallels={ITERATION['envs']}",
+              f"runner.save_interval={frames}", "runner.progress=false"]
+    common = [f"agents.{agent}.lr={SHARED['lr']}", f"agents.{agent}.gamma={SHARED['gamma']}",
+              f"agents.{agent}.max_grad_norm={SHARED['clip_grad_norm']}", f"agents.{agent}.actor={model}",
+              f"agents.{agent}.critic={model}"]
+    if agent == "MAPPO":
+        own = [f"agents.{agent}.epochs={ITERATION['epochs']}",
+               f"agents.{agent}.minibatches={ITERATION['frames'] // ITERATION['minibatch']}",
+               f"agents.{agent}.gae_lambda=0.9", f"agents.{agent}.clip=0.2", f"agents.{agent}.value_clip=null",
+               f"agents.{agent}.entropy_coef=0.0", f"agents.{agent}.critic_input=state"]
+    else:
+        own = [f"agents.{agent}.target_update_tau={SHARED['tau']}", f"agents.{agent}.buffer_size={SHARED['memory']}",
+               f"agents.{agent}.batch_size={ITERATION['batch']}",
+               f"agents.{agent}.gradient_steps_per_env_step={ITERATION['gradient_steps'] / ITERATION['frames']}",
+               f"agents.{agent}.learning_starts=0"]
+    return runner + common + own
 
 
 def run_marlkit(algorithm: str, task: str, frames: int, seed: int) -> dict:
@@ -130,14 +146,17 @@ def run_marlkit(algorithm: str, task: str, frames: int, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--algorithm", choices=["maddpg", "masac"], default="maddpg")
+    parser.add_argument("--algorithm", choices=["maddpg", "masac", "mappo"], default="maddpg")
     parser.add_argument("--task", choices=["navigation", "balance"], default="navigation")
     parser.add_argument("--frames", type=int, default=60_000)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--gradient-steps", type=int, default=ITERATION["gradient_steps"],
+                        help="off-policy gradient steps per 6,000-frame iteration, both sides")
     parser.add_argument("--venv", type=Path, default=HERE / ".benchmarl-venv")
     parser.add_argument("--skip-install", action="store_true")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    ITERATION["gradient_steps"] = args.gradient_steps
     if not args.skip_install:
         install(args.venv)
     rows = []
