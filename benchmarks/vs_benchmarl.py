@@ -21,7 +21,8 @@ Both sides get BenchMARL's experiment defaults where both have the setting, and 
 - Adam at lr 5e-5 for every network, gradients clipped to a norm of 5, gamma 0.99, soft target
   updates with tau 0.005;
 - actor and critic MLPs [256, 256] with tanh, no normalisation layers; parameters shared across
-  agents; a centralised critic of all agents' observations and actions.
+  agents, with no agent id (``use_agent_id: false``); a centralised critic of all agents'
+  observations (and actions).
 What differs, and is recorded: BenchMARL's MADDPG explores with Gaussian noise whose scale falls from
 0.8 to 0.01 over a third of the frames, marlkit's with a fixed 0.1; Adam's eps (1e-6 vs 1e-8).
 
@@ -115,7 +116,8 @@ def marlkit_settings(algorithm: str, frames: int) -> list[str]:
               f"runner.horizon={ITERATION['steps']}", f"runner.eval_interval={frames}",
               f"runner.eval_episodes={ITERATION['envs']}", f"runner.eval_parallels={ITERATION['envs']}",
               f"runner.save_interval={frames}", "runner.progress=false"]
-    common = [f"agents.{agent}.lr={SHARED['lr']}", f"agents.{agent}.gamma={SHARED['gamma']}",
+    # BenchMARL's shared networks take no agent id; its centralised shared critic values an env step once
+    common = [f"agents.{agent}.lr={SHARED['lr']}", f"agents.{agent}.gamma={SHARED['gamma']}", f"agents.{agent}.use_agent_id=false",
               f"agents.{agent}.max_grad_norm={SHARED['clip_grad_norm']}", f"agents.{agent}.actor={model}",
               f"agents.{agent}.critic={model}"]
     if agent == "MAPPO":

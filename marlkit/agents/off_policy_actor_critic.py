@@ -79,7 +79,7 @@ class OffPolicyActorCritic(OffPolicyAgent):
     config_cls = ActorCriticConfig
     checks_groups = True
     replay_unit = "transitions"
-    learner_only = (*OffPolicyAgent.learner_only, "actor_optimizer", "temperature_optimizer")
+    learner_only = (*OffPolicyAgent.learner_only, "actor_optimizer")
 
     def __init__(self, group, env, cfg: ActorCriticConfig, seed=0, device="cpu"):
         self.check_group(group)
@@ -88,7 +88,8 @@ class OffPolicyActorCritic(OffPolicyAgent):
         torch.manual_seed(self.seed)  # weight initialisation draws from the global generator
         space = group.action_space
         self.action_size = flat_size(space.shape)
-        low, high = (torch.as_tensor(np.asarray(b, np.float32).reshape(-1)) for b in (space.low, space.high))
+        low, high = (torch.as_tensor(np.asarray(b, np.float32).reshape(-1), device=self.device)
+                     for b in (space.low, space.high))
         self.action_mid, self.action_half = (high + low) / 2, (high - low) / 2
         self.shared = SharedActor(self.registered_name, group, env, cfg)
         actor = self.shared.model("actor", group.obs_shape, per_agent=True)
@@ -99,7 +100,6 @@ class OffPolicyActorCritic(OffPolicyAgent):
         targets = {f"target_{k}": copy.deepcopy(m).requires_grad_(False) for k, m in online.items()
                    if k.startswith("critic") or self.has_target_actor}
         self.modules = nn.ModuleDict({**online, **targets, **self.extra_modules()}).to(self.device)
-        self.action_mid, self.action_half = self.action_mid.to(self.device), self.action_half.to(self.device)
         self.set_optimizer()
         self._actor_params = [p for k in ("actor", "actor_head") for p in self.modules[k].parameters()]
         self.actor_optimizer = Adam([{"params": self._actor_params, "lr": cfg.actor_lr or cfg.lr}])

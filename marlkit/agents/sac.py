@@ -53,6 +53,7 @@ class SoftActorCritic(OffPolicyActorCritic):
     config_cls = SACConfig
     has_target_actor = False
     stochastic = True
+    learner_only = (*OffPolicyActorCritic.learner_only, "temperature_optimizer")
 
     def __init__(self, group, env, cfg: SACConfig, seed=0, device="cpu"):
         super().__init__(group, env, cfg, seed, device)
