@@ -91,8 +91,9 @@ class TransitionReplay(Storage):
 
     def state_dict(self) -> dict:
         """The slots filled so far alone (a ring of a million transitions is a gigabyte; early in a
-        run a checkpoint holds what was collected, not the ring's size)."""
-        held = None if self.ring is None else {name: ring[:self.size].copy() for name, ring in self.ring.items()}
+        run a checkpoint holds what was collected, not the ring's size): views, pickled with the
+        checkpoint at the rollout boundary, where nothing writes to the ring."""
+        held = None if self.ring is None else {name: ring[:self.size] for name, ring in self.ring.items()}
         return {"held": held, "size": self.size, "next_slot": self.next_slot, "transitions": self.transitions}
 
     def load_state_dict(self, state: dict) -> None:
