@@ -12,7 +12,7 @@ from marlkit.agents.base import Progress
 from marlkit.api import build_config
 from marlkit.config import ConfigError
 from marlkit.random_streams import GeneratorNoise
-from marlkit.registry import builtin_agents, get_agent
+from marlkit.registry import get_agent
 from marlkit.spec import EnvSpec, GroupSpec
 from marlkit.storage import Bootstrap, Collected, StorageLayout, TransitionReplay
 
@@ -213,9 +213,3 @@ def test_recurrent_models_and_a_replay_too_big_are_refused_in_one_line(tiny):
         marlkit.run(agent="MADDPG", env="mpe_spread_continuous", **{**tiny, "agents.MADDPG.actor": {"name": "gru"}})
     with pytest.raises(ConfigError, match=r"this run needs about .* GB .* agents.ISAC.buffer_size"):
         marlkit.run(agent="ISAC", env="mpe_spread_continuous", **{**tiny, "agents.ISAC.buffer_size": 10 ** 10})
-
-
-def test_the_family_is_listed_and_documented():
-    agents = builtin_agents()
-    for name in FAMILY:
-        assert name in agents and agents[name].endswith(".")

@@ -133,6 +133,9 @@ def test_list_shows_agents_and_envs():
     # each agent described by one whole sentence, never cut where its docstring's line ends
     agents = out.stdout.split("envs:")[0].splitlines()[1:]
     assert len(agents) >= 8
+    import marlkit.agents  # noqa: F401  (registers every shipped agent)
+    from marlkit.registry import REGISTRY
+    assert sorted(line.split()[0] for line in agents) == sorted(REGISTRY)   # every registered agent, listed
     for line in agents:
         name, description = line.split(maxsplit=1)
         assert description.endswith("."), line

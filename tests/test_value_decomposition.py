@@ -14,7 +14,7 @@ from marlkit.config import ConfigError
 from marlkit.envs.factory import make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.networks.mixers import QMixer, VDNMixer
-from marlkit.registry import builtin_agents, get_agent
+from marlkit.registry import get_agent
 from marlkit.storage import Bootstrap, Collected, StorageLayout, Transition
 from test_masks import _corrupt
 
@@ -362,9 +362,3 @@ def test_continuous_actions_are_refused_before_any_env_starts(tiny):
 def test_a_replay_that_cannot_fit_in_memory_is_refused_in_one_line(tiny):
     with pytest.raises(ConfigError, match=r"this run needs about .* GB .* agents.QMIX.buffer_size"):
         marlkit.run(agent="QMIX", env="mpe_spread", **{**tiny, "agents.QMIX.buffer_size": 10 ** 9})
-
-
-def test_the_family_is_listed_and_documented():
-    agents = builtin_agents()
-    for name in FAMILY:
-        assert name in agents and agents[name].endswith(".")
