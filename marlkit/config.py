@@ -204,6 +204,24 @@ class GroupConfig:
 
 
 @dataclass
+class SelfPlayConfig:
+    """Self-play between two teams (``runner/self_play.py``), with ML-Agents' keys and meanings. One
+    team learns while the other plays a snapshot from the pool of past policies; every count is in
+    env steps of every env, as ``runner.total_steps`` is."""
+
+    save_steps: int = field(default=20_000, metadata=value_range(1))    # a snapshot of the learner into the pool
+    team_change: int = field(default=100_000, metadata=value_range(1))  # the other team learns from then on
+    swap_steps: int = field(default=2_000, metadata=value_range(1))     # a new opponent is drawn
+    window: int = field(default=10, metadata=value_range(1))            # snapshots kept in the pool
+    play_against_latest_model_ratio: float = field(default=0.5, metadata=value_range(0.0, 1.0))
+    initial_elo: float = 1200.0
+    k: float = field(default=16.0, metadata=value_range(0.0))           # Elo's K factor
+    # the fixed opponents each evaluation plays, in each seat: random, a registered agent that does
+    # not learn (a scripted opponent), or a checkpoint (a frozen reference)
+    opponents: list[str] = field(default_factory=lambda: ["random"])
+
+
+@dataclass
 class RunConfig:
     agent: str = "MAPPO"
     env_name: str = "mpe_spread"
@@ -221,6 +239,7 @@ class RunConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     agents: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, GroupConfig] = field(default_factory=dict)
+    self_play: Optional[SelfPlayConfig] = None
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -511,6 +530,8 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
         raise ConfigError(f"agents: expected a mapping of agent name -> settings, got {agents_section!r}")
     cfg = build(RunConfig, data)
     cfg.runner.check()
+    if cfg.self_play is not None:
+        check_self_play(cfg)
     if cfg.render and cfg.mode != "test":
         raise ConfigError("--render records the test episodes of a checkpoint, one video each: use it with "
                           "--test --load CKPT (training and --benchmark record no video)")
@@ -540,6 +561,20 @@ def from_dict(data: dict, checks: bool = True) -> RunConfig:
     if cfg.runner.worker_timeout is None:   # null, and no env type check derived it
         cfg.runner.worker_timeout = WORKER_TIMEOUT
     return cfg
+
+
+def check_self_play(cfg: RunConfig) -> None:
+    """Self-play changes who learns and whom they play at rollout boundaries: a rollout collected
+    beside the update (``runner.overlap``) would be learned from by a side that did not play it."""
+    if cfg.runner.overlap:
+        raise ConfigError("runner.overlap: true collects the next rollout beside the update, but self_play changes "
+                          "who learns and whom they play between rollouts; set runner.overlap: false (or null)")
+    cfg.runner.overlap = False
+    frozen = [g for g, gc in cfg.groups.items() if not gc.train or gc.load]
+    if frozen:
+        raise ConfigError(f"groups.{frozen[0]}: self_play trains every group and plays the frozen side from its "
+                          f"pool of past selves; remove groups.{frozen[0]}'s load and train settings (a fixed opponent "
+                          "goes in self_play.opponents)")
 
 
 def save_config(cfg: RunConfig, path: str | Path) -> None:

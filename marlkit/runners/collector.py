@@ -102,6 +102,9 @@ class Collector:
     def __init__(self, venv, agents: dict[str, Agent], learning_groups: list[str], horizon: int, overlap: bool,
                  act_batch: int | None = None):
         self.venv, self.learning_groups, self.horizon, self.act_batch = venv, learning_groups, horizon, act_batch
+        # the groups whose acting copies follow their agent after each update: the learning ones, but
+        # for a self-play side that plays a past self (``set_policy``)
+        self.synced = list(learning_groups)
         self.policies = {g: agent.snapshot() for g, agent in agents.items()}
         self.storages = {g: agents[g].make_storage(StorageLayout(agents[g].group, venv.spec, venv.num_envs, horizon,
                                                                  double=overlap))
@@ -124,8 +127,13 @@ class Collector:
 
     def sync(self, agents: dict[str, Agent]) -> None:
         """The policies act with the learning agents' weights from now on."""
-        for g in self.learning_groups:
-            self.policies[g].load_policy_state_dict(agents[g].policy_state_dict())
+        for g in self.synced:
+            self.set_policy(g, agents[g].policy_state_dict())
+
+    def set_policy(self, group: str, policy_state) -> None:
+        """Group ``group`` acts with ``policy_state`` (``Agent.policy_state_dict``) from the next
+        rollout on."""
+        self.policies[group].load_policy_state_dict(policy_state)
 
     def state_dict(self) -> dict:
         """Where the policies' streams stand and what the storages carry over (``TrainState``)."""

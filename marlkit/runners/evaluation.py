@@ -110,7 +110,7 @@ class Evaluator:
             return [best if best in self.teams else next(t for t, m in self.teams.items() if best in m)]
         return self.learning_teams or list(self.teams)
 
-    def _play(self, eval_venv, agents: dict[str, Agent], stop) -> list[dict]:
+    def play(self, eval_venv, agents: dict[str, Agent], stop) -> list[dict]:
         rc, seed = self.rc, self.seed * 10_000 + 777
         with ExitStack() as own:
             for i, agent in enumerate(agents.values()):
@@ -126,7 +126,7 @@ class Evaluator:
         or more, ``vs_random``: each learning team's return against ``opponents`` playing the other
         teams; and the ``score`` best.pt is chosen on, with ``score_ci`` and ``score_se``: the scored
         teams' mean return (against the opponents where there are)."""
-        episodes = self._play(eval_venv, agents, stop)
+        episodes = self.play(eval_venv, agents, stop)
         row = {"mean": {}, "std": {}, "ci": {}, "episodes": len(episodes)}
         for g in agents:
             values = np.array([ep["return"][g] for ep in episodes if g in ep["return"]])
@@ -144,7 +144,7 @@ class Evaluator:
             row["vs_random"] = {}
             for t in self.learning_teams:
                 mixed = {g: agents[g] if g in self.teams[t] else opponents[g] for g in agents}
-                row["vs_random"][t] = _summary([team_return(ep, self.teams[t]) for ep in self._play(eval_venv, mixed,
+                row["vs_random"][t] = _summary([team_return(ep, self.teams[t]) for ep in self.play(eval_venv, mixed,
                                                                                                     stop)])
             parts = [row["vs_random"][t] for t in scored]
             row["score"] = float(np.mean([p["mean"] for p in parts]))

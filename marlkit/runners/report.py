@@ -25,6 +25,8 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
               "device": cfg.device, "precision": result.precision,   # what the speed was measured with
               "best": best, "final": evals[-1] if evals else None, "baseline": baseline, "evaluations": evals,
               "best_checkpoint": str(result.run_dir / "best.pt")}
+    if result.self_play is not None:
+        report["self_play"] = result.self_play
     shared = any(len(members) > 1 for members in result.teams.values())   # a team of several groups
     _plot_learning_curve(cfg, evals, baseline, result.run_dir / "learning_curve.png", by_team=shared)
     # last and whole (a study takes a run with benchmark.json for finished): a run stopped while
@@ -58,13 +60,33 @@ def write_benchmark_report(cfg: RunConfig, result, best_metric: str) -> None:
     for t in vs_random:
         print(f"  {t:<22}{'':>18}{_cell(_teams(evals[-1], 'vs_random'), 'm', 'c', t)}"
               f"{_cell(_teams(best, 'vs_random'), 'm', 'c', t)}")
+    # a self-play run: the learner in each seat against each fixed opponent
+    matches = evals[-1].get("matches", {}) if evals else {}
+    if matches:
+        print(f"  {'win rate (95% interval)':<36}{'final':>22}{'at best.pt':>22}")
+    for name, m in matches.items():
+        at_best = (best or {}).get("matches", {}).get(name)
+        print(f"  {'vs ' + name:<36}{_rate(m):>22}{_rate(at_best):>22}")
+    if result.self_play is not None:
+        sp = result.self_play
+        ratings = ", ".join(f"{key} {elo:.0f}" for key, elo in sp["elo"].items())
+        pool = "; ".join(f"{key}: " + ", ".join(f"step {e['step']} {e['elo']:.0f}" for e in entries)
+                         for key, entries in sp["pool"].items())
+        print(f"  self-play Elo (K {sp['k']:g}, {sp['matches']} matches): {ratings}; pool: {pool}")
     if best:
-        print(f"  best.pt: step {best['step']}, chosen on the {best_metric} (runner.best_metric); {BEST_RULE}")
+        setting = "" if result.self_play is not None else " (runner.best_metric)"
+        print(f"  best.pt: step {best['step']}, chosen on the {best_metric}{setting}; {BEST_RULE}")
     print(f"  report: {result.run_dir / 'benchmark.json'}")
 
 
 BEST_RULE = ("a later evaluation replaces it only when its score is higher by more than the 95% interval of "
              "the difference (1.96 * sqrt(se_new^2 + se_best^2))")
+
+
+def _rate(match: dict | None) -> str:
+    if match is None:
+        return "-"
+    return f"{match['win']:.3f} [{match['win_low']:.2f}, {match['win_high']:.2f}]"
 
 
 def _teams(row: dict | None, key: str = "teams") -> dict | None:

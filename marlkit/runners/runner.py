@@ -25,7 +25,9 @@ from marlkit.runners.double_buffered import DoubleBufferedCollector
 from marlkit.runners.evaluation import (EvaluationStopped, Evaluator, best_metric_description, evaluation_line,
                                         mean_stats, random_policy, run_episodes)
 from marlkit.runners.learner import Learner
+from marlkit.runners.matches import build_opponents, match_lines, match_row
 from marlkit.runners.report import write_benchmark_report, write_test_report, write_videos
+from marlkit.runners.self_play import SelfPlay
 from marlkit.runners.run_dir import discard_run_dir, keep_traceback, open_run_dir
 from marlkit.runners.setup import build_parts, make_venv, prepare
 from marlkit.runners.signals import StopRequest, terminate_as_interrupt
@@ -46,6 +48,7 @@ class RunResult:
     best: dict | None = None        # the evaluation best.pt holds (statistics.beats chose it)
     precision: dict[str, str] = field(default_factory=dict)   # per learning group, what its update computes in
     teams: dict[str, list[str]] = field(default_factory=dict)   # team -> its groups
+    self_play: dict | None = None   # the league's ratings, pool and Elo curve (SelfPlay.summary)
 
 
 class ProgressBar(tqdm):
@@ -96,6 +99,8 @@ class Runner:
         self.teams: dict[str, list[str]] = {}    # team -> its groups: who shares a reward
         self.evaluator: Evaluator | None = None
         self.collector: Collector | None = None
+        self.self_play: SelfPlay | None = None
+        self.opponents: dict | None = None   # self-play: the fixed opponents of every evaluation
         # wall seconds of training so far, this process's and those before a resume (to the checkpoint
         # it resumed from): what a resumed run reports as its wall time, as if it had not stopped
         self._wall_time: Callable[[], float] | None = None
@@ -120,6 +125,10 @@ class Runner:
         with terminate_as_interrupt():
             try:
                 self._build()
+                if cfg.self_play is not None:
+                    self.self_play = SelfPlay(cfg.self_play, self.teams, self.agents, cfg.seed)
+                    if evaluate:
+                        self.opponents = build_opponents(cfg.self_play.opponents, self.venv.spec, cfg.env_name)
                 self.evaluator = Evaluator(rc, cfg.seed, self.teams, self.learning_groups)
                 # numbered after the training envs: both are open at once (fixed ports, worker ids)
                 eval_venv = make_venv(cfg, min(rc.eval_parallels, rc.eval_episodes), vectorize="sync",
@@ -134,9 +143,13 @@ class Runner:
                     with stop.deferred():
                         self._train_loop(result, state, eval_venv, stop)
                     finished = True
+                    if self.self_play is not None:
+                        result.self_play = self.self_play.summary()
                     if evaluate:
-                        write_benchmark_report(cfg, result, best_metric_description(
-                            rc.best_metric, self.agents, self.evaluator.learning_teams))
+                        chosen_on = (f"mean win rate against {', '.join(cfg.self_play.opponents)} in each seat"
+                                     if self.self_play is not None else best_metric_description(
+                                         rc.best_metric, self.agents, self.evaluator.learning_teams))
+                        write_benchmark_report(cfg, result, chosen_on)
                 finally:
                     if eval_venv is not None:
                         eval_venv.close()
@@ -177,6 +190,8 @@ class Runner:
     def _resume_state(self, path: Path) -> TrainState:
         state = restore_run_checkpoint(path, self.cfg, self.agents, self.agent_names, self.venv)
         self._saved_steps = state.steps
+        if self.self_play is not None and state.self_play is not None:
+            self.self_play.load_state_dict(state.self_play)
         return state
 
     def _checkpoint(self, path: Path, state: TrainState, venv_state: bytes | None, resumable: bool = True) -> None:
@@ -187,6 +202,8 @@ class Runner:
             state.policy_streams, state.storage = carried["policy_streams"], carried["storage"]
         if self._wall_time is not None:
             state.wall_time_s = self._wall_time()
+        if self.self_play is not None:
+            state.self_play = self.self_play.state_dict()
         save_run_checkpoint(path, self.cfg, self.agents, state, venv_state, resumable)
 
     def _save_latest(self, state: TrainState) -> None:
@@ -225,6 +242,8 @@ class Runner:
         # with the envs in this process, the update and the next rollout take turns instead
         learner = Learner(self.agents, learning_groups, background=overlap and rc.envs_in_workers(),
                           threads=rc.update_threads)
+        if self.self_play is not None:
+            self.self_play.install(collector, learner)
         bar = ProgressBar(total=total, initial=state.steps, unit="step", show=rc.progress, dynamic_ncols=True,
                           desc=f"{cfg.agent}@{Path(cfg.env_name).stem}")
         # of the last log line
@@ -239,6 +258,9 @@ class Runner:
                 self._evaluate(state, eval_venv, result, stop)
             while state.steps < rc.total_steps:
                 metrics = self._next_update(state, collector, learner, per_update, overlap, stop)
+                finished_episodes = state.take_finished()
+                if self.self_play is not None:
+                    metrics.update(self.self_play.after_rollout(state.steps, finished_episodes, collector, learner))
                 bar.update(per_update)
                 result.metrics = metrics
                 if state.steps >= state.next_log or state.steps >= rc.total_steps:
@@ -353,19 +375,24 @@ class Runner:
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
-        # rival teams that learn: each plays the random policy too
-        opponents = random_policy(eval_venv.spec) if len(evaluator.learning_teams) > 1 else None
-        row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
+        if self.self_play is not None:
+            row = {"step": state.steps, **match_row(evaluator, eval_venv, self.self_play, self.opponents, stop)}
+        else:
+            # rival teams that learn: each plays the random policy too
+            opponents = random_policy(eval_venv.spec) if len(evaluator.learning_teams) > 1 else None
+            row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})
         state.evaluations.append(row)
-        self.logger.log({**{f"eval/{g}/return": row["mean"][g] for g in self.agents},
+        self.logger.log({**{f"eval/{g}/return": v for g, v in row["mean"].items()},
                          **{f"eval/team/{t}/return": v["mean"] for t, v in row["teams"].items()},
+                         **{f"eval/vs/{m['opponent']}/{m['seat']}/win_rate": m["win"]
+                            for m in row.get("matches", {}).values()},
                          "eval/score": row["score"], **{f"eval/env/{k}": v for k, v in stats.items()}}, state.steps)
         new_best = state.best is None or beats(row, state.best)
         if new_best:
             state.best = row
             self._checkpoint(self.run_dir / "best.pt", state, None, resumable=False)
-        tqdm.write(evaluation_line(row, state.baseline, new_best))
+        tqdm.write("\n".join([evaluation_line(row, state.baseline, new_best), *match_lines(row)]))
         state.next_eval = state.steps + rc.eval_interval
 
     # ------------------------------------------------------------------ test

@@ -48,14 +48,24 @@ class TrainState:
     next_save: int = 0
     next_log: int = 0
     wall_time_s: float = 0.0
+    self_play: dict | None = None   # the league's state (runners/self_play.py), in a self-play run
+
+    def __post_init__(self):
+        self.finished: list[dict] = []   # the episodes finished since the last ``take_finished``
 
     def count_episodes(self, episodes) -> None:
         """Finished episodes' returns and statistics into the recent ones and the count."""
         for episode in episodes:
+            self.finished.append(episode)
             self.recent.append(episode["return"])
             self.episodes += 1
             if "stats" in episode:
                 self.recent_stats.append(episode["stats"])
+
+    def take_finished(self) -> list[dict]:
+        """The episodes finished since the last call (each its ``return``, ``length`` and ``stats``)."""
+        taken, self.finished = self.finished, []
+        return taken
 
     def state_dict(self, resumable: bool = True) -> dict:
         """Every field as plain data; with ``resumable=False`` (best.pt, never resumed from) without

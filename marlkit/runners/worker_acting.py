@@ -99,9 +99,9 @@ class WorkerCollector(Collector):
         state.count_episodes(episode for _, _, episode in finished)
         return {g: Collected(rollouts[g], bootstrap_of(state.obs, state.hidden, g)) for g in self.learning_groups}
 
-    def sync(self, agents: dict[str, Agent]) -> None:
-        super().sync(agents)
-        self.changed.update(self.learning_groups)
+    def set_policy(self, group: str, policy_state) -> None:
+        super().set_policy(group, policy_state)
+        self.changed.add(group)
 
     def load_state_dict(self, policy_streams: dict, storage: dict) -> None:
         super().load_state_dict(policy_streams, storage)
