@@ -12,6 +12,7 @@ from marlkit.agents.mat import MAT
 from marlkit.agents.off_policy import OffPolicyAgent, OffPolicyConfig
 from marlkit.agents.off_policy_actor_critic import ActorCriticConfig, OffPolicyActorCritic
 from marlkit.agents.on_policy import OnPolicyAgent, OnPolicyConfig
+from marlkit.agents.poca import POCA
 from marlkit.agents.qmix import QMIX
 from marlkit.agents.random_policy import RandomAgent
 from marlkit.agents.sac import ISAC, MASAC
@@ -20,5 +21,5 @@ from marlkit.agents.vdn import VDN
 
 __all__ = ["ActOut", "ActorCriticConfig", "Agent", "Progress", "Schedule", "COMA", "ConnectFourRules", "IDDPG", "IPPO", "IQL", "ISAC",
            "MADDPG", "MAPPO", "MASAC", "MAT", "MATD3", "OffPolicyActorCritic", "OffPolicyAgent", "OffPolicyConfig",
-           "OnPolicyAgent", "OnPolicyConfig", "QMIX", "RandomAgent", "VDN", "ValueDecompositionAgent",
+           "OnPolicyAgent", "OnPolicyConfig", "POCA", "QMIX", "RandomAgent", "VDN", "ValueDecompositionAgent",
            "ValueDecompositionConfig"]
