@@ -216,6 +216,10 @@ class SelfPlayConfig:
     play_against_latest_model_ratio: float = field(default=0.5, metadata=value_range(0.0, 1.0))
     initial_elo: float = 1200.0
     k: float = field(default=16.0, metadata=value_range(0.0))           # Elo's K factor
+    # who won a match: auto, an env's winner statistic (won_<agent>), else the team with the higher
+    # return where rewards are zero-sum (others are refused); final_reward, ML-Agents' convention for
+    # its scenes: the sign of the team's reward at the match's last step (> 0 a win, < 0 a loss)
+    outcome: Literal["auto", "final_reward"] = "auto"
     # the fixed opponents each evaluation plays, in each seat: random, a registered agent that does
     # not learn (a scripted opponent), or a checkpoint (a frozen reference)
     opponents: list[str] = field(default_factory=lambda: ["random"])

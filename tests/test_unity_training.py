@@ -194,7 +194,7 @@ def test_recurrent_state_restarts_with_the_agents_episode(tmp_path, captured):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("agent", ["MAPPO", "MAT"])
+@pytest.mark.parametrize("agent", ["MAPPO", "MAT", "POCA"])
 def test_learns_from_the_cli_and_logs_the_scenes_returns(tmp_path, agent):
     """``marlkit --agent <agent> --env unity --set env.file_name=<stand-in>``: without group rewards the
     stand-in pays ``0.01 * sum(action)`` per decision, so a learning policy picks ever higher
@@ -407,3 +407,26 @@ def test_a_scene_failure_is_one_line_and_its_traceback_goes_to_error_log(tmp_pat
     text = log.read_text()
     assert "Traceback (most recent call last):" in text and "UnityEnvError" in text, text
     assert str(Path("marlkit", "envs", "unity", "env.py")) in text, text
+
+
+@pytest.mark.slow
+def test_poca_trains_in_self_play_over_the_scenes_protocol(tmp_path):
+    """``--agent POCA --env unity_soccer_twos``: one policy for both teams (their behaviours are
+    alike), the other team played by a past self, every field's end a match rated by the sign of the
+    team's last reward (ML-Agents' convention for its scenes)."""
+    log = tmp_path / "standin.jsonl"
+    result = marlkit.run(agent="POCA", env="unity_soccer_twos", logger="none", **{
+        "env.file_name": STANDIN, "env.additional_args": ["--fields", "1", "--log", str(log)],
+        "runner.parallels": 1, "runner.horizon": 64, "runner.total_steps": 1536, "runner.progress": False,
+        "runner.run_root": str(tmp_path / "runs"), "self_play.save_steps": 256, "self_play.swap_steps": 128,
+        "self_play.team_change": 512, "self_play.window": 3, "agents.POCA.actor.hidden_sizes": [64, 64],
+        "agents.POCA.critic.hidden_sizes": [64, 64], "agents.POCA.attention_width": 64})
+    league = result.self_play
+    ends = [row for row in read_log(log) if row["ended"]]
+    assert league["symmetric"] and len(ends) > 100
+    assert league["matches"] == len(ends)        # every field's end was rated, once
+    assert league["learning_team"] == "team_1"   # changed at 512, 1024 and 1536
+    assert [e["step"] for e in league["pool"]["shared"]] == [1024, 1280, 1536]
+    assert league["elo"]["shared"] != 1200.0
+    ckpt = torch.load(result.run_dir / "latest.pt", weights_only=False)
+    assert ckpt["groups"]["team_1"]["agent"] == "POCA"

@@ -51,7 +51,8 @@ def run_episodes(venv, agents: dict[str, Agent], n_episodes: int, explore: bool,
             if "episode" in info and done[e] < quota[e]:
                 done[e] += 1
                 results.append({"return": info["episode"]["return"], "length": info["episode"]["length"],
-                                "stats": info["episode"].get("stats", {})})
+                                "stats": info["episode"].get("stats", {}),
+                                "final_reward": info["episode"].get("final_reward", {})})
         if on_frame is not None:
             on_frame(int(done[0]))
         hidden = advance_hidden(outs, res.episode_end, res.agent_end)

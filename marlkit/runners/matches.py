@@ -69,16 +69,18 @@ def match_row(evaluator: Evaluator, eval_venv, self_play: SelfPlay, opponents: d
             theirs = [g for g in fixed if g not in mine]
             players = {**self_play.seat_policies(seat), **{g: fixed[g] for g in theirs}}
             episodes = evaluator.play(eval_venv, {g: players[g] for g in fixed}, stop)
-            results = [match_result(ep, mine, theirs, self_play.agents_of) for ep in episodes]
-            n, wins = len(results), results.count(WIN)
+            results = [r for ep in episodes
+                       if (r := match_result(ep, mine, theirs, self_play.agents_of, self_play.cfg.outcome)) is not None]
+            n, wins = max(len(results), 1), results.count(WIN)
             lo, hi = rate_interval(wins, n)
+            seat_returns = [r for ep in episodes if (r := team_return(ep, mine)) is not None]
             matches[f"{name} as {seat}"] = {
                 "opponent": name, "seat": seat, "episodes": n, "win": wins / n, "draw": results.count(DRAW) / n,
                 "loss": results.count(LOSS) / n, "win_low": lo, "win_high": hi,
-                "return": float(np.mean([team_return(ep, mine) for ep in episodes]))}
+                "return": float(np.mean(seat_returns)) if seat_returns else float("nan")}
             for g in mine:
                 returns.setdefault(g, []).extend(ep["return"][g] for ep in episodes if g in ep["return"])
-            team_returns.setdefault(seat, []).extend(team_return(ep, mine) for ep in episodes)
+            team_returns.setdefault(seat, []).extend(seat_returns)
     row = {"episodes": evaluator.rc.eval_episodes, "matches": matches, "mean": {}, "ci": {}, "std": {}, "teams": {}}
     for g, values in returns.items():
         row["mean"][g], row["ci"][g], _ = mean_ci(values)

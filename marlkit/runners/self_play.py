@@ -115,7 +115,10 @@ class SelfPlay:
         learning side moved on as the schedule says at ``steps`` -> metrics to log."""
         key, theirs = self.keys[self.learning], self.keys[self.other]
         for episode in episodes:
-            result = match_result(episode, self.teams[self.learning], self.teams[self.other], self.agents_of)
+            result = match_result(episode, self.teams[self.learning], self.teams[self.other], self.agents_of,
+                                  self.cfg.outcome)
+            if result is None:
+                continue
             change = elo_change(self.elo[key], self.opponent["elo"], result, self.cfg.k)
             self.elo[key] += change
             self.opponent["elo"] -= change

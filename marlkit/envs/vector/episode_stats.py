@@ -16,6 +16,8 @@ class EpisodeCounter:
     (agents never present in the episode are left out) and the episode length. Agents whose own
     episode ends while the env goes on (``agent_end``) report theirs at once: per group the mean
     over those agents, only for the groups they belong to, and their mean length in env steps.
+    Each ended episode also reports per group the mean of its ended agents' rewards at that last
+    step (``final_reward``: a match's outcome, where a scene pays the winner at the end).
     ``acting``: per group ``[E, A_g]``, the agents acting at the step to come."""
 
     PER_GROUP = ("returns", "seen", "agent_length", "acting")   # kept per group, [E, A_g] each
@@ -27,11 +29,13 @@ class EpisodeCounter:
         self.length = np.zeros(num_envs, np.int64)
         self.agent_length = group_arrays(spec, np.int64, (num_envs,))
         self.acting = acting
+        self.step_reward: dict = {}   # the last step's rewards, for ``ended`` (not carried: it reads them at once)
 
     def add(self, reward: dict) -> None:
         """One step's rewards. Every reward counts, also one that reaches an agent between two of
         its decisions (Unity); an agent that does not act and gets no reward adds 0."""
         self.length += 1
+        self.step_reward = reward
         for g, returns in self.returns.items():
             returns += reward[g]
             self.seen[g] |= self.acting[g]
@@ -83,6 +87,8 @@ class EpisodeCounter:
             ended = {g: m[e] for g, m in agent_end.items() if m[e].any()}
             infos[e]["episode"] = {
                 "return": {g: float(self.returns[g][e][m].mean()) for g, m in ended.items()},
+                "final_reward": {g: float(np.mean(self.step_reward[g][e][m])) for g, m in ended.items()
+                                 if g in self.step_reward},
                 "length": int(np.mean(np.concatenate([self.agent_length[g][e][m] for g, m in ended.items()]))),
             }
             for g, m in ended.items():
@@ -95,6 +101,8 @@ class EpisodeCounter:
             infos[e]["episode"] = {
                 "return": {g: float(self.returns[g][e][self.seen[g][e]].mean()) if self.seen[g][e].any() else 0.0
                            for g in self.returns},
+                "final_reward": {g: float(self.step_reward[g][e][self.seen[g][e]].mean())
+                                 for g in self.returns if g in self.step_reward and self.seen[g][e].any()},
                 "length": int(self.length[e]),
             }
             for g in self.returns:
