@@ -29,6 +29,8 @@ class DoomConfig(EnvConfig):
                                               # network game opens each episode with ZDoom's screen wipe
     respawn: bool = True                      # false: a dead player is out until the episode ends, which
                                               # it does when every player is dead (or at the timeout)
+    deathmatch: bool = False                  # players fight each other (and the bots): frags, a winner
+    bots: int = field(default=0, metadata=value_range(0, 14))   # ZDoom's built-in bots in the match (deathmatch)
     buttons: list[str] = field(default_factory=lambda: list(DEFAULT_BUTTONS))
     actions: Optional[list[list[str]]] = None  # the discrete action table; None: no-op + each button alone
     reward: RewardWeights = field(default_factory=RewardWeights)
@@ -47,6 +49,12 @@ class DoomConfig(EnvConfig):
                                               # (engine_wait.c, preloaded) or spins as ViZDoom does
 
     def __post_init__(self):
+        if self.bots and not self.deathmatch:
+            raise ConfigError(f"env.bots: {self.bots} bots fight the players, which a co-op match does not allow; "
+                              "set env.deathmatch: true")
+        if self.players + self.bots > 16:
+            raise ConfigError(f"env.players: {self.players} and env.bots: {self.bots} make {self.players + self.bots} "
+                              "slots; a match holds 16 at most")
         if not self.buttons:
             raise ConfigError("env.buttons is empty; list vizdoom Button names, e.g. [ATTACK, TURN_LEFT, TURN_RIGHT]")
         if len(set(self.buttons)) != len(self.buttons):

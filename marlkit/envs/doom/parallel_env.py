@@ -21,8 +21,9 @@ from marlkit.envs.doom.config import DoomConfig
 from marlkit.envs.doom import engine_wait
 from marlkit.envs.doom.coop_starts import coop_scenario_wad
 from marlkit.envs.doom.match import DoomMatch, DoomPlayerError
-from marlkit.envs.doom.rewards import STATE_FEATURES, died, player_stats, reward_parts, state_features
-from marlkit.envs.doom.worker import PlayerSettings
+from marlkit.envs.doom.rewards import (STATE_FEATURES, bot_frags, died, player_stats, reward_parts,
+                                       state_features)
+from marlkit.envs.doom.worker import VARIABLES, PlayerSettings
 
 log = logging.getLogger("marlkit.doom")
 
@@ -63,6 +64,7 @@ class DoomCoopEnv(ParallelEnv):
                                   resolution=cfg.resolution, grayscale=cfg.grayscale, buttons=list(cfg.buttons),
                                   doom_map=cfg.doom_map, skill=cfg.skill, episode_timeout=cfg.episode_timeout,
                                   episode_start_time=cfg.episode_start_time, respawn=cfg.respawn,
+                                  deathmatch=cfg.deathmatch, bots=cfg.bots,
                                   own_kills=cfg.own_kills, host_args=list(cfg.host_args),
                                   preload=engine_wait.library() if cfg.engine_wait == "yield" else None)
         self.match = DoomMatch(settings, name=f"env {index}",
@@ -73,6 +75,7 @@ class DoomCoopEnv(ParallelEnv):
         self._vars = self._start = None   # game variables [N, V]: now, and at the episode's start
         self._tics = 0
         self.last_episode: dict[str, dict] = {}   # per player, the game stats of the last finished episode
+        self.last_bots: list[float] = []          # per bot, its frags in the last finished episode
         self.match.start()
 
     def observation_space(self, agent):
@@ -142,7 +145,7 @@ class DoomCoopEnv(ParallelEnv):
             self._restart_or_raise(exc)
             # The interrupted episode is cut here: it ends truncated, with its last observation.
             self.agents = []
-            self.last_episode = self._stats_now()
+            self.last_episode, self.last_bots = self._stats_now(), self._bots_now()
             return (self._observations(acting), {a: 0.0 for a in acting}, {a: False for a in acting},
                     {a: True for a in acting}, self._infos(acting))
         self._vars = variables
@@ -156,11 +159,15 @@ class DoomCoopEnv(ParallelEnv):
         infos = self._infos(acting, player, shared)
         self.agents = [] if finished else [a for a in acting if a not in out]
         if not self.agents:
-            self.last_episode = self._stats_now()
+            self.last_episode, self.last_bots = self._stats_now(), self._bots_now()
         return self._observations(acting), rewards, terminations, truncations, infos
 
     def _stats_now(self) -> dict[str, dict]:
         return {a: player_stats(self._vars[i], self._start[i]) for i, a in enumerate(self.possible_agents)}
+
+    def _bots_now(self) -> list[float]:
+        """Per bot, its frags since the episode's start (every player reads the bots' slots alike)."""
+        return [float(f) for f in bot_frags(self._vars[0], self._start[0], self.cfg.players)[:self.cfg.bots]]
 
     def episode_stats(self) -> dict[str, float]:
         """The team's numbers for the episode that just ended: ``kills``, deaths, damage dealt and
@@ -174,9 +181,23 @@ class DoomCoopEnv(ParallelEnv):
         team = {k: float(sum(p[k] for p in players)) for k in ("kills", "deaths", "damage", "hits")}
         if not self.cfg.own_kills:
             team["kills"] = float(last["player_0"]["kills"])
+        if self.cfg.deathmatch:
+            team.update(self._deathmatch_stats(last, self._bots_now() if self.agents else self.last_bots))
         return {**team,
                 **{f"kills_{a}": float(p["kills"]) for a, p in last.items()},
                 "level_kills": float(last["player_0"]["level_kills"]), "restarts": float(self.restarts)}
+
+    def _deathmatch_stats(self, last: dict[str, dict], bots: list[float]) -> dict[str, float]:
+        """``frags`` of the players together and each one's (``frags_player_<i>``), the bots' together
+        (``bot_frags``), the bots in the match (``bots_present``), and who won (``won_player_<i>``: more frags than every other player and bot)."""
+        frags = {a: p["frags"] for a, p in last.items()}
+        out = {"frags": float(sum(frags.values())), "bot_frags": float(sum(bots)),
+               "bots_present": float(self._vars[0][VARIABLES.index("PLAYER_COUNT")] - self.cfg.players),
+               **{f"frags_{a}": f for a, f in frags.items()}}
+        for a, f in frags.items():
+            rivals = [v for b, v in frags.items() if b != a] + bots
+            out[f"won_{a}"] = float(f > max(rivals))
+        return out
 
     def _restart_or_raise(self, exc: DoomPlayerError) -> None:
         if not self.cfg.restart_on_failure:

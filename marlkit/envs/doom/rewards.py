@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from marlkit.envs.doom.worker import VARIABLES
+from marlkit.envs.doom.worker import MAX_SLOTS, VARIABLES
 
 _I = {name: i for i, name in enumerate(VARIABLES)}
 # AMMOk is the ammo of weapon slot k; slots sharing an ammo type read the same pool (pistol 2 and
@@ -31,6 +31,7 @@ class RewardWeights:
     deaths: float = -1.0    # per player: each death
     health: float = 0.0     # per player: health gained (lost when negative), while alive
     ammo: float = 0.0       # per player: bullets + shells + rockets + cells gained (spent: negative), alive
+    frags: float = 0.0      # per player: each frag in a deathmatch (a rival killed; -1 for killing itself)
 
 
 def player_stats(v: np.ndarray, start: np.ndarray) -> dict[str, float]:
@@ -42,7 +43,14 @@ def player_stats(v: np.ndarray, start: np.ndarray) -> dict[str, float]:
     return {"health": float(v[_I["HEALTH"]]), "armor": float(v[_I["ARMOR"]]),
             "ammo": float(v[_I["SELECTED_WEAPON_AMMO"]]), "kills": count("KILLS"),
             "level_kills": count("KILLCOUNT"), "deaths": count("DEATHCOUNT"), "damage": count("DAMAGECOUNT"),
-            "hits": count("HITCOUNT"), "dead": bool(v[_I["DEAD"]])}
+            "hits": count("HITCOUNT"), "frags": count("FRAGCOUNT"), "dead": bool(v[_I["DEAD"]])}
+
+
+def bot_frags(v: np.ndarray, start: np.ndarray, players: int) -> np.ndarray:
+    """Per slot after the ``players`` learners' (the bots'), its frags since the episode's start,
+    from one player's game variables (every player reads the same slots)."""
+    slots = [_I[f"PLAYER{k}_FRAGCOUNT"] for k in range(players + 1, MAX_SLOTS + 1)]
+    return v[slots] - start[slots]
 
 
 def died(before: np.ndarray, after: np.ndarray) -> np.ndarray:
@@ -63,7 +71,7 @@ def reward_parts(before: np.ndarray, after: np.ndarray, w: RewardWeights,
     # HEALTH has been seen to read -999900 for a dead player; clip before taking the change.
     health = np.clip(after[:, _I["HEALTH"]], 0, 200) - np.clip(before[:, _I["HEALTH"]], 0, 200)
     ammo = after[:, AMMO].sum(1) - before[:, AMMO].sum(1)
-    player = (w.kills * d[:, _I["KILLS"]] + w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
+    player = (w.kills * d[:, _I["KILLS"]] + w.frags * d[:, _I["FRAGCOUNT"]] + w.damage * d[:, _I["DAMAGECOUNT"]] + w.deaths * d[:, _I["DEATHCOUNT"]]
               + np.where(alive, w.health * health + w.ammo * ammo, 0.0))
     shared = w.team_kills * float(d[:, _I["KILLS"]].sum() if own_kills else d[0, _I["KILLCOUNT"]])
     return player.astype(np.float32), shared

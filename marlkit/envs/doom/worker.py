@@ -39,12 +39,18 @@ from marlkit.envs.doom.kill_credit import kills_variable
 from marlkit.envs.sentinel import kill_when_gone
 
 TICS_PER_BARRIER = 2
+MAX_SLOTS = 16   # players and bots in one match, ZDoom's most
 VARIABLES = ["KILLCOUNT", "KILLS", "HEALTH", "ARMOR", "SELECTED_WEAPON_AMMO", "DAMAGECOUNT", "HITCOUNT", "DEATHCOUNT",
              "DAMAGE_TAKEN", "DEAD", "POSITION_X", "POSITION_Y", "ANGLE",
-             *(f"AMMO{i}" for i in range(10))]
+             *(f"AMMO{i}" for i in range(10)), "FRAGCOUNT", "PLAYER_COUNT",
+             *(f"PLAYER{k}_FRAGCOUNT" for k in range(1, MAX_SLOTS + 1))]
 """Game variables every player reports, in this order (rewards, info and the global state use them).
 ``KILLCOUNT`` is the level's count of dead monsters, the same for every player; ``KILLS`` the
-player's own kills (``kill_credit.py``; the level's count again where the WAD does not count them)."""
+player's own kills (``kill_credit.py``; the level's count again where the WAD does not count them);
+``FRAGCOUNT`` its frags in a deathmatch (another player killed: +1, itself: -1), ``PLAYER_COUNT``
+the players in the match (bots included), and
+``PLAYER<k>_FRAGCOUNT`` those of the match's k-th slot, the same for every player: the learners
+hold the first slots, the built-in bots the ones after."""
 
 
 @dataclass
@@ -65,6 +71,8 @@ class PlayerSettings:
     episode_timeout: int | None = None
     episode_start_time: int = 70      # tics played before an episode's first observation
     respawn: bool = True              # dead players come back (after 2 tics) or stay out of the episode
+    deathmatch: bool = False          # players fight each other (and the bots) instead of co-operating
+    bots: int = 0                     # ZDoom's built-in bots the host adds at every episode's start
     own_kills: bool = True            # the WAD counts each player's kills (kill_credit.py)
     host_args: list[str] = field(default_factory=list)
     join_args: list[str] = field(default_factory=list)
@@ -130,9 +138,12 @@ def build_game(s: PlayerSettings):
         # which the env never does for it: it stays dead until the next episode.
         respawn = ["+sv_forcerespawn 1", "+viz_respawn_delay 0"] if s.respawn else ["+sv_forcerespawn 0"]
         args = [f"-host {s.players}", "-netmode 0", f"-port {s.port}", *respawn, "+sv_spawnfarthest 1",
-                f"+viz_connect_timeout {s.connect_timeout}", *s.host_args]
+                f"+viz_connect_timeout {s.connect_timeout}", *(["-deathmatch"] if s.deathmatch else []),
+                *s.host_args]
     else:
         args = [f"-join 127.0.0.1 -port {s.port}", *s.join_args]
+    if s.bots:   # every engine of the match reads the bots' definitions, the joiners' too (one without crashes)
+        args.append(f"+viz_bots_path {os.path.join(os.path.dirname(vzd.__file__), 'bots.cfg')}")
     game.add_game_args(" ".join([*args, f"+name P{s.player}", f"+colorset {s.player % 8}"]))
     return game
 
@@ -188,7 +199,16 @@ class _Player:
         if seed is not None:
             self.game.set_seed(int(seed) % (2 ** 31))
         self.game.new_episode()   # every player must call it; it returns once all have
+        self.add_bots()
         return self.observe()
+
+    def add_bots(self) -> None:
+        """The host brings the match's bots in afresh (ZDoom drops them at a new episode, and a bot
+        kept over would keep its frags); the engine runs them, reading ``bots.cfg`` beside it."""
+        if self.s.player == 0 and self.s.bots:
+            self.game.send_game_command("removebots")
+            for _ in range(self.s.bots):
+                self.game.send_game_command("addbot")
 
 
 def run(conn, settings: PlayerSettings, barrier, parent_pid: int) -> None:
