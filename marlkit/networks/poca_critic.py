@@ -40,6 +40,7 @@ class POCACritic(nn.Module):
         ids = torch.as_tensor(subteams if subteams is not None else [0] * n_agents)
         # [A, A]: agent i's set may hold agent j (its sub-team, or the whole group for sub-team 0)
         self.register_buffer("sees", (ids[:, None] == 0) | (ids[:, None] == ids[None, :]), persistent=False)
+        self.one_team = bool(self.sees.all())   # every agent's set is the whole group: one value per env step
 
     def _attend(self, entities: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         """Residual self-attention over each row's set, then the mean over its members:
@@ -58,9 +59,13 @@ class POCACritic(nn.Module):
         present = present.bool()
         visible = present.unsqueeze(-2) & self.sees                                  # [L, B, A(i), A(j)]
         obs = self.obs_embed(features)                                              # [L, B, A, W]
-        rows = obs.unsqueeze(-3).expand(*lead, A, A, obs.shape[-1])
-        value = self.value_head(self._attend(rows.reshape(-1, A, obs.shape[-1]), visible.reshape(-1, A)))
-        value = value.reshape(*lead, A)
+        if self.one_team:   # the same set for every agent: attended once, not once per agent
+            value = self.value_head(self._attend(obs.reshape(-1, A, obs.shape[-1]), present.reshape(-1, A)))
+            value = value.reshape(*lead, 1).expand(*lead, A)
+        else:
+            rows = obs.unsqueeze(-3).expand(*lead, A, A, obs.shape[-1])
+            value = self.value_head(self._attend(rows.reshape(-1, A, obs.shape[-1]), visible.reshape(-1, A)))
+            value = value.reshape(*lead, A)
         if value_only:
             return value, None
         others = self.obs_action_embed(torch.cat([features, action_features], -1))   # [L, B, A, W]
