@@ -8,6 +8,7 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import marlkit
 from conftest import assert_same_training
@@ -109,7 +110,7 @@ def _checkpoint(run, name="latest.pt"):
 
 
 def test_a_symmetric_game_keeps_one_pool_rates_every_match_and_evaluates_each_seat(tiny):
-    run = _play(tiny, mode="benchmark")
+    run = _play(tiny, mode="benchmark", logger="tensorboard", **{"runner.log_interval": 64})
     league = run.self_play
     assert league["symmetric"] and list(league["pool"]) == ["shared"]
     # snapshots at 64, 128, 192, 256 (and the first at 0): the window keeps the last two
@@ -128,6 +129,15 @@ def test_a_symmetric_game_keeps_one_pool_rates_every_match_and_evaluates_each_se
         assert m["win_low"] <= m["win"] <= m["win_high"]
     # best.pt is chosen on the win rates against the fixed opponents, not on the Elo
     assert final["score"] == pytest.approx(np.mean([m["win"] for m in final["matches"].values()]))
+    events = EventAccumulator(str(run.run_dir))
+    events.Reload()
+    elo = {e.step: e.value for e in events.Scalars("self_play/elo")}
+    assert sorted(elo) == [32, 96, 160, 224, 256]   # every log line: the first rollout, then every 64 steps, the end
+    assert elo[256] == pytest.approx(league["elo"]["shared"])
+    curve = dict(league["elo_curve"])
+    assert all(value == pytest.approx(curve[step]) for step, value in elo.items())
+    assert [e.value for e in events.Scalars("eval/vs/connect_four_rules/player_1/win_rate")] == \
+        [r["matches"]["connect_four_rules as player_1"]["win"] for r in run.evaluations]
 
 
 def test_at_a_team_change_the_learner_moves_to_the_other_seat(tiny):
