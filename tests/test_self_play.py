@@ -196,9 +196,10 @@ def test_the_frozen_side_acts_with_its_snapshot_in_the_env_workers(tiny):
     assert workers.self_play["matches"] == here.self_play["matches"] > 0
 
 
-def test_non_zero_sum_rewards_without_a_winner_are_refused(tiny):
+def test_non_zero_sum_rewards_without_a_winner_are_refused(tiny, tmp_path):
     with pytest.raises(ConfigError, match="Elo needs a winner, but this env's rewards are not zero-sum"):
         marlkit.run(agent="MAPPO", env="mpe_tag", **{**tiny, "self_play.window": 2, "runner.total_steps": 400})
+    assert not list((tmp_path / "runs").glob("mpe_tag/MAPPO/*"))   # refused before anything was saved
 
 
 @pytest.mark.parametrize("args, says", [

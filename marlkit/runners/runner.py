@@ -162,7 +162,11 @@ class Runner:
                 raise
             finally:
                 self.close()
-                if not finished and not cfg.resume and (state is None or state.steps == 0):
+                # a setting refused once the run was under way (self-play meeting rewards it cannot
+                # rate) leaves nothing behind where nothing was saved yet
+                refused = isinstance(failure, ConfigError) and self.run_dir is not None and \
+                    not (self.run_dir / "latest.pt").is_file()
+                if not finished and not cfg.resume and (state is None or state.steps == 0 or refused):
                     self._discard_run_dir()
                 if failure is not None:
                     keep_traceback(failure, self.run_dir)
