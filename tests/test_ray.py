@@ -129,6 +129,20 @@ def test_training_on_the_cluster_is_identical_to_worker_processes_and_resumes_ac
             torch.testing.assert_close(a[name], b[name], rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.slow
+def test_self_play_on_the_cluster_plays_the_matches_of_worker_processes(cluster, tiny):
+    """The frozen side acts with its snapshot's weights wherever the envs step: on Ray's actors (the
+    driver acts for them) as in worker processes that act themselves, the same matches and ratings."""
+    settings = {**tiny, "runner.parallels": 2, "runner.workers": 2, "runner.horizon": 16, "runner.total_steps": 256,
+                "runner.act_batch": 1, "self_play.save_steps": 64, "self_play.swap_steps": 32,
+                "self_play.team_change": 128, "self_play.window": 2, "agents.MAPPO.epochs": 1}
+    sub = marlkit.run(agent="MAPPO", env="connect_four", seed=3,
+                      **{**settings, "runner.vectorize": "subprocess", "runner.act_in_workers": True})
+    on_ray = marlkit.run(agent="MAPPO", env="connect_four", seed=3, **{**settings, "runner.vectorize": "ray"})
+    assert on_ray.self_play["matches"] == sub.self_play["matches"] > 0
+    assert on_ray.self_play["elo_curve"] == sub.self_play["elo_curve"]
+
+
 def _engines_of(pids) -> set[int]:
     return {p for pid in pids for p in descendants(pid) if is_engine(p)}
 
