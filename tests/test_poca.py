@@ -89,3 +89,14 @@ def test_learns_on_mpe_spread(tiny):
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -26.6 + 2.0, late
     assert np.isfinite(run.metrics["agents/baseline_loss"])
+
+
+def test_the_baseline_reads_every_kind_of_action():
+    from gymnasium import spaces
+    from marlkit.agents.poca import action_features, action_width
+    hybrid = spaces.Tuple((spaces.Box(-1, 1, (2,)), spaces.MultiDiscrete([3, 2])))
+    x = action_features(hybrid, torch.tensor([[0.5, -0.25, 2.0, 1.0]]))
+    assert action_width(hybrid) == 7 and x.tolist() == [[0.5, -0.25, 0, 0, 1, 0, 1]]
+    assert action_features(spaces.MultiDiscrete([2, 3]), torch.tensor([[1, 0]])).tolist() == [[0, 1, 1, 0, 0]]
+    assert action_features(spaces.Discrete(3), torch.tensor([2])).tolist() == [[0, 0, 1]]
+    assert action_features(spaces.Box(-1, 1, (2,)), torch.tensor([[0.1, 0.2]])).shape == (1, 2)

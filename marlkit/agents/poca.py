@@ -32,6 +32,7 @@ from marlkit.config import RunnerConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.poca_critic import POCACritic
 from marlkit.registry import get_model, register_agent
+from marlkit.spec import hybrid_parts
 from marlkit.storage.returns import compute_gae
 
 
@@ -46,8 +47,15 @@ class POCAConfig(OnPolicyConfig):
 
 
 def action_features(space: spaces.Space, actions: torch.Tensor) -> torch.Tensor:
-    """Actions ``[..., A, ...]`` as the critic reads them: one-hot per discrete branch, continuous
-    values as they are."""
+    """Actions ``[..., A, ...]`` as the critic reads them ``[..., A, action_width]``: one-hot per
+    discrete branch, continuous values as they are (a hybrid action: its continuous values, then
+    its branches one-hot)."""
+    hybrid = hybrid_parts(space)
+    if hybrid is not None:
+        n, branches = hybrid
+        choices = actions[..., n:].round().long()
+        return torch.cat([actions[..., :n].float(),
+                          *(F.one_hot(choices[..., k], b).float() for k, b in enumerate(branches))], -1)
     if isinstance(space, spaces.Discrete):
         return F.one_hot(actions.long(), int(space.n)).float()
     if isinstance(space, spaces.MultiDiscrete):
@@ -56,6 +64,9 @@ def action_features(space: spaces.Space, actions: torch.Tensor) -> torch.Tensor:
 
 
 def action_width(space: spaces.Space) -> int:
+    hybrid = hybrid_parts(space)
+    if hybrid is not None:
+        return hybrid[0] + sum(hybrid[1])
     if isinstance(space, spaces.Discrete):
         return int(space.n)
     if isinstance(space, spaces.MultiDiscrete):
