@@ -60,9 +60,10 @@ def match_row(evaluator: Evaluator, eval_venv, self_play: SelfPlay, opponents: d
     """The learner's current policy in each seat (team) against each fixed opponent, over
     ``runner.eval_episodes`` each -> ``matches`` (``<opponent> as <team>``: win, draw and loss
     rates, the win rate's Wilson interval, the learner's mean return), per group and team the
-    learner's return over all its matches (``mean``, ``ci``, ``teams``), and the ``score`` best.pt
+    learner's return over all its matches (``mean``, ``ci``, ``teams``), the env's statistics over
+    them (``env``, ``env_ci``), and the ``score`` best.pt
     is chosen on: the mean win rate over the matches, with ``score_se`` and ``score_ci``."""
-    matches, returns, team_returns = {}, {}, {}
+    matches, returns, team_returns, stats = {}, {}, {}, []
     for name, fixed in opponents.items():
         for seat in self_play.names:
             mine = self_play.teams[seat]
@@ -81,6 +82,7 @@ def match_row(evaluator: Evaluator, eval_venv, self_play: SelfPlay, opponents: d
             for g in mine:
                 returns.setdefault(g, []).extend(ep["return"][g] for ep in episodes if g in ep["return"])
             team_returns.setdefault(seat, []).extend(seat_returns)
+            stats += [ep["stats"] for ep in episodes]
     row = {"episodes": evaluator.rc.eval_episodes, "matches": matches, "mean": {}, "ci": {}, "std": {}, "teams": {}}
     for g, values in returns.items():
         row["mean"][g], row["ci"][g], _ = mean_ci(values)
@@ -88,6 +90,11 @@ def match_row(evaluator: Evaluator, eval_venv, self_play: SelfPlay, opponents: d
     for t, values in team_returns.items():
         mean, ci, se = mean_ci(values)
         row["teams"][t] = {"mean": mean, "ci": ci, "se": se}
+    names = dict.fromkeys(k for ep in stats for k in ep)
+    if names:   # the env's own numbers over every match (a duel's frags)
+        row["env"], row["env_ci"] = {}, {}
+        for k in names:
+            row["env"][k], row["env_ci"][k], _ = mean_ci([ep[k] for ep in stats if k in ep])
     rates = [m["win"] for m in matches.values()]
     row["score"] = float(np.mean(rates))
     row["score_se"] = float(np.sqrt(sum(m["win"] * (1 - m["win"]) / m["episodes"] for m in matches.values()))
