@@ -127,6 +127,11 @@ def test_a_symmetric_game_keeps_one_pool_rates_every_match_and_evaluates_each_se
     for m in final["matches"].values():
         assert m["episodes"] == 4 and m["win"] + m["draw"] + m["loss"] == pytest.approx(1.0)
         assert m["win_low"] <= m["win"] <= m["win_high"]
+    # the pool's snapshots are files of the run while it keeps them, each a frozen reference opponent
+    assert sorted(p.name for p in (run.run_dir / "pool").iterdir()) == ["shared_step192.pt", "shared_step256.pt"]
+    reference = str(run.run_dir / "pool" / "shared_step192.pt")
+    against = _play(tiny, mode="benchmark", **{"runner.total_steps": 32, "self_play.opponents": [reference]})
+    assert sorted(against.evaluations[-1]["matches"]) == [f"{reference} as player_0", f"{reference} as player_1"]
     # best.pt is chosen on the win rates against the fixed opponents, not on the Elo
     assert final["score"] == pytest.approx(np.mean([m["win"] for m in final["matches"].values()]))
     events = EventAccumulator(str(run.run_dir))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from marlkit.agents.base import Agent
+from marlkit.agents.base import CHECKPOINT_VERSION, Agent, check_compatible
 from marlkit.config import build
 from marlkit.errors import ConfigError
 from marlkit.registry import get_agent
@@ -22,7 +22,8 @@ from marlkit.runners.statistics import Z95, mean_ci
 def build_opponents(names: list[str], spec, env_name: str) -> dict[str, dict[str, Agent]]:
     """Per name of ``self_play.opponents``, an agent for every group of ``spec``: ``random``, another
     registered agent that does not learn (a scripted opponent), or the path of a run checkpoint
-    (``best.pt``, ``latest.pt``: a frozen reference, each group with its own weights)."""
+    (``best.pt``, ``latest.pt``) or of a self-play snapshot (``pool/<pool>_step<N>.pt``): a frozen
+    reference, each group with its own weights."""
     out = {}
     for name in names:
         if name.endswith(".pt") or Path(name).is_file():
@@ -50,7 +51,11 @@ def _reference(path: str, spec, env_name: str) -> dict[str, Agent]:
         state = ckpt["groups"][g]
         cls = get_agent(state["agent"])
         agent = cls(gs, spec, build(cls.config_cls, state["config"], f"agents.{state['agent']}"))
-        agent.load_state_dict(state, weights_only=True)
+        if "policy" in state:   # a snapshot of a self-play pool (runs/.../pool/<pool>_step<N>.pt)
+            check_compatible({**state, "version": CHECKPOINT_VERSION}, state["agent"], gs)
+            agent.load_policy_state_dict(state["policy"])
+        else:
+            agent.load_state_dict(state, weights_only=True)
         agents[g] = agent
     return agents
 

@@ -137,6 +137,8 @@ class Runner:
                     state = self._resume_state(Path(cfg.resume) / "latest.pt") if cfg.resume else self._fresh_state()
                     self.run_dir = open_run_dir(self.cfg, self.run_dir)
                     self.venv.log_to(self.run_dir)
+                    if self.self_play is not None:
+                        self.self_play.save_snapshots(self.run_dir, cfg.env_name)
                     self.logger = Logger(cfg.logger, self.run_dir, cfg.to_dict(), cfg.wandb_project)
                     result = RunResult(self.run_dir, cfg.mode, teams=self.teams, precision={
                         g: agent.precision for g, agent in self.agents.items() if agent.learns})

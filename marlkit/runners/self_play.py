@@ -16,13 +16,17 @@ learner's Elo and the opponent's move by ``k`` times the surprise (``runners/elo
 
 All of it (pool, ratings, schedule, the opponent in play, the draws that pick opponents) is plain
 data in the run's checkpoint: a resumed run goes on exactly as one that did not stop. It changes
-only at rollout boundaries, where a checkpoint is written.
+only at rollout boundaries, where a checkpoint is written. Each snapshot is also a file of the run
+directory while the pool keeps it (``pool/<pool>_step<N>.pt``), which ``self_play.opponents`` takes
+as a frozen reference (``save_snapshots``).
 """
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
+import torch
 
 from marlkit.agents.base import Agent
 from marlkit.config import SelfPlayConfig
@@ -51,6 +55,8 @@ class SelfPlay:
         # a pool per policy: one for a symmetric game, one per team otherwise
         self.keys = {t: "shared" if self.symmetric else t for t in self.names}
         self.learning = self.names[0]
+        self.pool_dir: Path | None = None   # where the snapshots are files too (``save_snapshots``)
+        self.env_name = ""
         self.elo = {key: cfg.initial_elo for key in set(self.keys.values())}
         self.pool: dict[str, list[dict]] = {key: [] for key in self.elo}
         for t in (self.names[:1] if self.symmetric else self.names):
@@ -85,7 +91,44 @@ class SelfPlay:
     def _save(self, team: str, steps: int) -> None:
         key = self.keys[team]
         self.pool[key].append({"step": steps, "elo": self.elo[key], "weights": self._policy_of(team)})
+        if self.pool_dir is not None:
+            for gone in self.pool[key][:-self.cfg.window]:
+                self._snapshot_path(key, gone["step"]).unlink(missing_ok=True)
         del self.pool[key][:-self.cfg.window]
+        self.save_snapshots()
+
+    def _snapshot_path(self, key: str, step: int) -> Path:
+        return self.pool_dir / f"{key}_step{step}.pt"
+
+    def save_snapshots(self, run_dir: Path | None = None, env_name: str | None = None) -> None:
+        """The pool's snapshots as files of ``run_dir``/pool (from then on, each as it comes): per
+        group the snapshot's weights, as a run checkpoint holds a group's, so that a snapshot is a
+        frozen reference opponent; in a symmetric game for the groups of both teams."""
+        if run_dir is not None:
+            self.pool_dir, self.env_name = Path(run_dir) / "pool", env_name or ""
+            self.pool_dir.mkdir(exist_ok=True)
+            kept = {self._snapshot_path(key, e["step"]) for key, entries in self.pool.items() for e in entries}
+            for path in self.pool_dir.glob("*.pt"):   # saved after the checkpoint a run resumes from
+                if path not in kept:
+                    path.unlink()
+        if self.pool_dir is None:
+            return
+        for key, entries in self.pool.items():
+            teams = [t for t in self.names if self.keys[t] == key]
+            for entry in entries:
+                path = self._snapshot_path(key, entry["step"])
+                if path.is_file():
+                    continue
+                groups = {}
+                for team in teams:
+                    for g, weights in zip(self.teams[team], entry["weights"]):
+                        agent = self.agents[g]
+                        groups[g] = {"agent": agent.registered_name, "group": agent.group.signature(),
+                                     "config": agent.state_dict()["config"], "policy": weights}
+                tmp = path.with_suffix(".tmp")
+                torch.save({"env_name": self.env_name, "step": entry["step"], "elo": entry["elo"], "groups": groups},
+                           tmp)
+                tmp.replace(path)
 
     def _pick_opponent(self) -> None:
         """The frozen side's next policy: the latest with probability ``play_against_latest_model_ratio``,
