@@ -101,12 +101,7 @@ class COMA(OnPolicyAgent):
     @classmethod
     def check_config(cls, cfg: COMAConfig, rc: RunnerConfig, key: str) -> None:
         super().check_config(cfg, rc, key)
-        for role in ("actor", "critic"):
-            name = getattr(cfg, role).name
-            if get_model(name).is_recurrent:
-                raise ConfigError(f"{key}.{role}.name: {name!r} is recurrent, but COMA's {role} is feed-forward "
-                                  "(the rollout is valued and the baseline computed step by step); use 'mlp' "
-                                  "(or 'cnn' for images)")
+        cls.require_feed_forward(cfg, key, "the rollout is valued and the baseline computed step by step")
 
     # ------------------------------------------------------------------ networks
 

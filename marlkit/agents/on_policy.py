@@ -134,6 +134,16 @@ class OnPolicyAgent(Agent):
                               (*shrink, "runner.overlap: false") if layout.double else shrink)
 
     @classmethod
+    def require_feed_forward(cls, cfg: OnPolicyConfig, key: str, why: str) -> None:
+        """Refuse a recurrent actor or critic for an agent whose networks carry no memory (``why``
+        says what computes step by step)."""
+        for role in ("actor", "critic"):
+            name = getattr(cfg, role).name
+            if get_model(name).is_recurrent:
+                raise ConfigError(f"{key}.{role}.name: {name!r} is recurrent, but {cls.registered_name}'s {role} is "
+                                  f"feed-forward ({why}); use 'mlp' (or 'cnn' for images)")
+
+    @classmethod
     def check_config(cls, cfg: OnPolicyConfig, rc: RunnerConfig, key: str) -> None:
         recurrent = []
         for role in ("actor", "critic"):

@@ -31,7 +31,7 @@ from marlkit.agents.shared_actor import SharedActor
 from marlkit.config import RunnerConfig
 from marlkit.errors import ConfigError
 from marlkit.networks.poca_critic import POCACritic
-from marlkit.registry import get_model, register_agent
+from marlkit.registry import register_agent
 from marlkit.spec import hybrid_parts
 from marlkit.storage.returns import compute_gae
 
@@ -132,11 +132,7 @@ class POCA(OnPolicyAgent):
     @classmethod
     def check_config(cls, cfg: POCAConfig, rc: RunnerConfig, key: str) -> None:
         super().check_config(cfg, rc, key)
-        for role in ("actor", "critic"):
-            name = getattr(cfg, role).name
-            if get_model(name).is_recurrent:
-                raise ConfigError(f"{key}.{role}.name: {name!r} is recurrent, but POCA's {role} is feed-forward "
-                                  "(its critic values sets of agents step by step); use 'mlp' (or 'cnn' for images)")
+        cls.require_feed_forward(cfg, key, "its critic values sets of agents step by step")
         if cfg.attention_width % cfg.attention_heads:
             raise ConfigError(f"{key}.attention_width: {cfg.attention_width} is not a multiple of "
                               f"{key}.attention_heads: {cfg.attention_heads}")
