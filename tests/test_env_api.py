@@ -192,3 +192,14 @@ def test_an_action_outside_the_space_is_refused_by_name():
     with pytest.raises(ValueError, match=r"step 1: agent 'agent_1' was given action index 5, outside its action "
                                          r"space Discrete\(5\)"):
         env.step({"agents": np.array([0, 5, 1])})
+
+
+def test_a_discrete_observation_is_seen_one_hot():
+    """Rock paper scissors observes the other player's last move as a Discrete(4)."""
+    from pettingzoo.classic import rps_v2
+    env = PettingZooEnv(rps_v2.parallel_env(), groups={"player_0": ["player_0"], "player_1": ["player_1"]})
+    assert env.groups["player_0"].observation_space.shape == (4,)
+    first = env.reset(seed=0)
+    assert first.obs["player_0"].tolist() == [[0, 0, 0, 1]]   # 3: nothing played yet
+    ob, _, _, _, _ = env.step({"player_0": np.array([0]), "player_1": np.array([2])})
+    assert ob.obs["player_0"].tolist() == [[0, 0, 1, 0]] and ob.obs["player_1"].tolist() == [[1, 0, 0, 0]]

@@ -222,6 +222,9 @@ class PettingZooEnv(MultiAgentEnv):
         agents = list(env.possible_agents)
         self._raw_obs_space = {a: env.observation_space(a) for a in agents}
         self._obs_space = {a: self._strip_mask_space(s) for a, s in self._raw_obs_space.items()}
+        # a Discrete observation (rock paper scissors: the other's last move) is seen one-hot
+        self._one_hot = {a: int(s.n) for a, s in self._obs_space.items() if isinstance(s, spaces.Discrete)}
+        self._obs_space.update({a: spaces.Box(0.0, 1.0, (n,), np.float32) for a, n in self._one_hot.items()})
         act_space = {a: env.action_space(a) for a in agents}
         self._act_space = act_space
 
@@ -293,6 +296,8 @@ class PettingZooEnv(MultiAgentEnv):
             elif isinstance(infos.get(agent), dict):
                 mask = infos[agent].get("action_mask")
             value = np.asarray(value)
+            if agent in self._one_hot:
+                value = np.eye(self._one_hot[agent], dtype=np.float32)[int(value)]
             space = self._obs_space[agent]
             if value.shape != space.shape:
                 raise EnvAPIError(f"step {self._t}: observation of agent {agent!r} has shape {value.shape}, "
