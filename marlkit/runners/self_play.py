@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from marlkit.agents.base import Agent
-from marlkit.config import SelfPlayConfig
+from marlkit.config import SelfPlayConfig, to_plain
 from marlkit.errors import ConfigError
 from marlkit.runners.elo import elo_change, match_result
 
@@ -124,7 +124,7 @@ class SelfPlay:
                     for g, weights in zip(self.teams[team], entry["weights"]):
                         agent = self.agents[g]
                         groups[g] = {"agent": agent.registered_name, "group": agent.group.signature(),
-                                     "config": agent.state_dict()["config"], "policy": weights}
+                                     "config": to_plain(agent.cfg), "policy": weights}
                 tmp = path.with_suffix(".tmp")
                 torch.save({"env_name": self.env_name, "step": entry["step"], "elo": entry["elo"], "groups": groups},
                            tmp)
