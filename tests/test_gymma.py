@@ -146,7 +146,7 @@ def test_per_agent_ends_action_masks_and_flattened_observations():
     assert seen == [([False, False], [True, True], False), ([True, False], [False, True], False),
                     ([False, False], [False, True], False), ([False, True], [False, False], True)]
     np.testing.assert_array_equal(ob.obs["agents"], [[4, 4], [5, 5]])
-    with pytest.raises(ValueError, match="agent_1 was given action index 3"):
+    with pytest.raises(ValueError, match="'agent_1' was given action index 3"):
         env.step({"agents": np.array([0, 3])})
 
 

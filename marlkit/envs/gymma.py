@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig, value_range
+from marlkit.envs.array_env import AgentRows, bad_action, env_actions
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.envs.pettingzoo import assign_groups, default_state
 from marlkit.registry import closest, register_env
@@ -133,6 +134,14 @@ class GymmaEnv(MultiAgentEnv):
                                                      for a in gs.agents], "concat")
         self.spec = EnvSpec(self.groups, state_shape, render_fps=int(env.metadata.get("render_fps", 10) or 10),
                             state_dtype=state_dtype, state_from_obs=True, episode_limit=self.time_limit)
+        # agents alike (one Box observation, one action space: lbforaging, rware) are read as
+        # [A, ...] arrays, one index per group; others agent by agent
+        uniform = all(s == self._obs_space[0] for s in self._obs_space) and not any(self._flatten) \
+            and all(s == self._act_space[0] for s in self._act_space)
+        self._alike = uniform
+        self._rows = AgentRows(names, members)
+        self._rows_first = next(iter(members))
+        self._names = names
         self._t = 0
         self._done = np.zeros(self.n, bool)
         self._team_return = 0.0
@@ -153,8 +162,10 @@ class GymmaEnv(MultiAgentEnv):
     def _observe(self, obs, info: dict) -> Observation:
         if len(obs) != self.n:
             raise EnvAPIError(f"step {self._t}: the env returned {len(obs)} observations for {self.n} agents")
-        out = empty_observation(self.spec)
         masks = info.get("action_mask") if isinstance(info, dict) else None
+        if self._alike:
+            return self._observe_arrays(obs, masks)
+        out = empty_observation(self.spec)
         for i, value in enumerate(obs):
             g, k = self._slot[i]
             space = self._obs_space[i]
@@ -173,6 +184,32 @@ class GymmaEnv(MultiAgentEnv):
         out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()])
         return out
 
+    def _observe_arrays(self, obs, masks) -> Observation:
+        """:meth:`_observe` for agents alike: the observations stacked ``[A, ...]``, then one index per group."""
+        shape = self._obs_space[0].shape
+        try:
+            obs = np.stack(obs)
+        except ValueError:
+            obs = None
+        if obs is None or obs.shape[1:] != shape:
+            raise EnvAPIError(f"step {self._t}: the env's observations have shapes {[np.shape(o) for o in obs]}, "
+                              f"but the observation space says {shape} for every agent")
+        out = empty_observation(self.spec)
+        live = ~self._done
+        if masks is not None and self.spec.groups[self._rows_first].n_actions:
+            masks = np.asarray(masks, dtype=bool)
+            n_actions = self.spec.groups[self._rows_first].n_actions
+            if masks.shape != (self.n, n_actions) or not masks.any(1).all():
+                raise EnvAPIError(f"step {self._t}: info['action_mask'] is {masks.tolist()}; expected "
+                                  f"{n_actions} bools per agent, at least one True")
+        for g, r in self._rows.rows.items():
+            out.obs[g][:] = obs[r]
+            out.agent_mask[g][:] = live[r]
+            if masks is not None:
+                out.action_mask[g][:] = masks[r]
+        out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()])
+        return out
+
     def _env_action(self, i: int, action: np.ndarray):
         space = self._act_space[i]
         if isinstance(space, spaces.Box):
@@ -180,8 +217,7 @@ class GymmaEnv(MultiAgentEnv):
         index = np.asarray(action, dtype=np.int64)
         high = space.n if isinstance(space, spaces.Discrete) else space.nvec
         if not ((index >= 0) & (index < high)).all():
-            raise ValueError(f"step {self._t}: agent_{i} was given action index {index}, outside its action "
-                             f"space {space} (indices count from 0); check the acting agent's output")
+            raise bad_action(f"agent_{i}", index, space, self._t)
         return int(index) + int(space.start) if isinstance(space, spaces.Discrete) else index + space.start
 
     # ------------------------------------------------------------------ contract
@@ -195,7 +231,12 @@ class GymmaEnv(MultiAgentEnv):
 
     def step(self, actions: dict[str, np.ndarray]):
         self._t += 1
-        joint = [self._env_action(i, actions[g][k]) for i, (g, k) in enumerate(self._slot)]
+        if self._alike:
+            first = actions[self._rows_first]
+            joint = self._rows.join(actions, np.zeros((self.n, *first.shape[1:]), first.dtype))
+            joint = env_actions(joint, ~self._done, self._act_space[0], self._names, self._t).tolist()
+        else:
+            joint = [self._env_action(i, actions[g][k]) for i, (g, k) in enumerate(self._slot)]
         obs, rewards, terminated, truncated, info = self.env.step(joint)
         if isinstance(rewards, Iterable):
             rewards = np.asarray(list(rewards), dtype=np.float32)
@@ -216,14 +257,9 @@ class GymmaEnv(MultiAgentEnv):
         ended = (term | trunc) & ~self._done
         self._done |= ended
         observation = self._observe(obs, info)
-        reward = {g: np.zeros(gs.n_agents, np.float32) for g, gs in self.groups.items()}
-        terminated_out = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
-        truncated_out = {g: np.zeros(gs.n_agents, bool) for g, gs in self.groups.items()}
-        for i, (g, k) in enumerate(self._slot):
-            reward[g][k] = rewards[i]
-            terminated_out[g][k] = term[i] and ended[i]
-            truncated_out[g][k] = trunc[i] and ended[i]
-        return observation, reward, terminated_out, truncated_out, bool(self._done.all())
+        rows = self._rows
+        return (observation, rows.split(rewards), rows.split(term & ended), rows.split(trunc & ended),
+                bool(self._done.all()))
 
     def episode_stats(self) -> dict[str, float]:
         """``team_return``: the sum of every agent's rewards over the episode as the env paid them,

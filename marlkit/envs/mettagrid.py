@@ -22,6 +22,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError
+from marlkit.envs.array_env import ArrayParallelEnv
 
 PADDING = 0xFF
 GLOBAL = 0xFE
@@ -100,9 +101,10 @@ def forage_config(num_agents: int, width: int, height: int, hearts: int, walls: 
     return cfg
 
 
-class MettaGridEnv:
-    """A PettingZoo ``ParallelEnv`` (duck-typed, as marlkit reads one) over a mettagrid config:
-    agents ``agent_0 ..``, observations ``[C, H, W]`` uint8 images, ``Discrete`` actions.
+class MettaGridEnv(ArrayParallelEnv):
+    """A PettingZoo ``ParallelEnv`` in arrays (:class:`~marlkit.envs.array_env.ArrayParallelEnv`)
+    over a mettagrid config: agents ``agent_0 ..``, observations ``[C, H, W]`` uint8 images,
+    ``Discrete`` actions.
 
     It drives mettagrid's ``Simulation`` itself (one C++ game per episode, as mettagrid's own
     PettingZoo and PufferLib envs do) and declares no ``state_space``: mettagrid's PettingZoo env
@@ -134,10 +136,7 @@ class MettaGridEnv:
     def action_space(self, agent: str) -> spaces.Discrete:
         return self._act_space
 
-    def _per_agent(self, values) -> dict:
-        return dict(zip(self.possible_agents, values))
-
-    def reset(self, seed: int | None = None, options=None):
+    def reset_arrays(self, seed: int | None = None):
         from mettagrid.simulator import Simulation
 
         if seed is not None:
@@ -149,23 +148,14 @@ class MettaGridEnv:
         # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
         self._sim = Simulation(self.cfg, seed=episode_seed)
         self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
-        self.agents = list(self.possible_agents)
-        obs = self.grid(self._sim._c_sim.observations())
-        return self._per_agent(obs), {a: {} for a in self.agents}
+        return self.grid(self._sim._c_sim.observations()), {}
 
-    def step(self, actions: dict):
+    def step_arrays(self, actions: np.ndarray):
         c_sim = self._sim._c_sim   # the game's own arrays, as mettagrid's PettingZoo and PufferLib envs read them
-        # a missing agent (none, while all agents end together) does nothing
-        c_sim.actions()[:] = self._action_ids[[actions.get(a, 0) for a in self.possible_agents]]
+        c_sim.actions()[:] = self._action_ids[actions]
         self._sim.step()
-        obs = self.grid(c_sim.observations())
-        rewards = c_sim.rewards().tolist()
-        terminated, truncated = c_sim.terminals().tolist(), c_sim.truncations().tolist()
-        live = self.agents
-        self.agents = [a for a, te, tr in zip(self.possible_agents, terminated, truncated)
-                       if a in live and not (te or tr)]
-        return (self._per_agent(obs), self._per_agent(rewards), self._per_agent(terminated),
-                self._per_agent(truncated), {a: {} for a in live})
+        return (self.grid(c_sim.observations()), c_sim.rewards().astype(np.float32),
+                c_sim.terminals().astype(bool), c_sim.truncations().astype(bool), {})
 
     def render(self):
         return None

@@ -25,6 +25,7 @@ from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
 from marlkit.envs.aec import as_parallel
+from marlkit.envs.array_env import AgentRows, ArrayParallelEnv, bad_action, env_actions
 from marlkit.envs.core import EnvAPIError, EnvSpec, GroupSpec, MultiAgentEnv, Observation, empty_observation
 from marlkit.registry import register_env
 from marlkit.envs.wrappers import block_factors, resize_images
@@ -245,6 +246,10 @@ class PettingZooEnv(MultiAgentEnv):
                                   "split them with env.groups, one group per space, or set env.pad_spaces: true "
                                   "to pad them to one")
         self._slot = {a: (g, i) for g, gs in self.groups.items() for i, a in enumerate(gs.agents)}
+        # an env in arrays (ArrayParallelEnv) is read one index per group, never agent by agent
+        self._rows = self._array_rows(env, agents) if isinstance(env, ArrayParallelEnv) else None
+        self._order = agents   # the rows of an env in arrays
+        self._live = np.zeros(len(agents), bool)
 
         state_space = getattr(env, "state_space", None)
         self._env_state = state_space is not None and (state == "env" or (state == "auto"
@@ -274,6 +279,21 @@ class PettingZooEnv(MultiAgentEnv):
         if isinstance(space, spaces.Dict) and "observation" in space.spaces:
             return space["observation"]
         return space
+
+    def _array_rows(self, env, agents: list[str]) -> AgentRows:
+        """The groups' rows in the env's ``[A, ...]`` arrays, once the env is seen to keep the
+        array form's rules (``marlkit/envs/array_env.py``)."""
+        obs_space, act_space = self._obs_space[agents[0]], self._act_space[agents[0]]
+        unlike = [a for a in agents if self._obs_space[a] != obs_space or self._act_space[a] != act_space]
+        name = type(env).__name__
+        if unlike:
+            raise ConfigError(f"env.factory: {name} is an ArrayParallelEnv, but agent(s) {unlike} have other spaces "
+                              f"than {agents[0]!r}; in arrays every agent has the same observation and action space")
+        if not isinstance(obs_space, spaces.Box) or self._raw_obs_space[agents[0]] != obs_space or self._padded:
+            raise ConfigError(f"env.factory: {name} is an ArrayParallelEnv observing {self._raw_obs_space[agents[0]]}; "
+                              "in arrays observations are a Box (action masks go in info['action_mask'])"
+                              + (", and env.pad_spaces does not apply" if self._padded else ""))
+        return AgentRows(agents, {g: gs.agents for g, gs in self.groups.items()})
 
     # ------------------------------------------------------------------ conversion
 
@@ -324,13 +344,53 @@ class PettingZooEnv(MultiAgentEnv):
                     raise EnvAPIError(f"step {self._t}: action_mask of agent {agent!r} allows no action")
                 if mask.any():   # a waiting player of a turn-based game has no legal move: nothing to mask
                     out.action_mask[g][i, :n_actions] = mask
+        self._fill_state(out)
+        return out
+
+    def _observe_arrays(self, obs: np.ndarray, info: dict) -> Observation:
+        """:meth:`_observe` for an env in arrays: ``obs`` ``[A, *obs_shape]``, ``info['action_mask']``
+        ``[A, n_actions]``; the same checks, on whole arrays."""
+        rows, names = self._rows, self._order
+        space = self._obs_space[names[0]]
+        obs = np.asarray(obs)
+        if obs.shape != (rows.n, *space.shape):
+            raise EnvAPIError(f"step {self._t}: the env returned observations of shape {obs.shape}; its "
+                              f"{rows.n} agents of observation_space {space} make {(rows.n, *space.shape)}")
+        if self._blank_images:
+            flat = obs.reshape(rows.n, -1)
+            self._blank_images -= {names[i] for i in np.flatnonzero(flat.min(1) != flat.max(1))}
+        if self.check_api and not self._checked_first_episode:
+            value = obs.astype(space.dtype).reshape(rows.n, -1)
+            inside = ((value >= space.low.reshape(-1)) & (value <= space.high.reshape(-1))).all(1)
+            if not inside.all():
+                raise EnvAPIError(f"step {self._t}: observation of agent {names[int(np.argmin(inside))]!r} lies "
+                                  f"outside its observation_space {space} (set env.check_api: false to skip this check)")
+        out = empty_observation(self.spec)
+        mask = info.get("action_mask")
+        if mask is not None:
+            mask = np.asarray(mask, dtype=bool)
+            n_actions = self.groups[next(iter(self.groups))].n_actions
+            if mask.shape != (rows.n, n_actions):
+                raise EnvAPIError(f"step {self._t}: info['action_mask'] has shape {mask.shape}, "
+                                  f"expected {(rows.n, n_actions)}")
+            stuck = self._live & ~mask.any(1)
+            if stuck.any():
+                raise EnvAPIError(f"step {self._t}: action_mask of agent {names[int(np.argmax(stuck))]!r} allows no action")
+        for g, r in rows.rows.items():
+            out.obs[g][:] = obs[r]
+            out.agent_mask[g][:] = self._live[r]
+            if mask is not None:
+                out.action_mask[g][:] = mask[r] | ~self._live[r, None]
+        self._fill_state(out)
+        return out
+
+    def _fill_state(self, out: Observation) -> None:
         if self._env_state:
             out.state[:] = self._env_state_now()
         elif self._stacked_state:
             out.state[:] = np.concatenate([_channels_first(o) for o in out.obs.values()])
         else:
             out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()]) if self.groups else 0
-        return out
 
     def _env_state_now(self) -> np.ndarray:
         """``env.state()``, or where it raises or returns another shape (sisl multiwalker's state()
@@ -356,30 +416,32 @@ class PettingZooEnv(MultiAgentEnv):
         if isinstance(space, spaces.Discrete):
             index = int(action)
             if not 0 <= index < space.n:
-                raise self._bad_action(agent, index, space)
+                raise bad_action(agent, index, space, self._t)
             return index + int(space.start)
         if isinstance(space, spaces.Box):
             return np.clip(action, space.low, space.high).astype(space.dtype)
         if isinstance(space, spaces.MultiDiscrete):
             index = np.asarray(action, dtype=np.int64)
             if not ((index >= 0) & (index < space.nvec)).all():
-                raise self._bad_action(agent, index, space)
+                raise bad_action(agent, index, space, self._t)
             return index + space.start
         return action
-
-    def _bad_action(self, agent: str, index, space) -> ValueError:
-        return ValueError(f"step {self._t}: agent {agent!r} was given action index {index}, outside its action "
-                          f"space {space} (indices count from 0); check the acting agent's output")
 
     # ------------------------------------------------------------------ contract
 
     def reset(self, seed: int | None = None) -> Observation:
         self._t = 0
+        if self._rows is not None:
+            obs, info = self.env.reset_arrays(seed=seed)
+            self._live[:] = True
+            return self._observe_arrays(obs, info or {})
         obs, infos = self.env.reset(seed=seed)
         return self._observe(obs, infos or {})
 
     def step(self, actions: dict[str, np.ndarray]):
         self._t += 1
+        if self._rows is not None:
+            return self._step_arrays(actions)
         acting = list(self.env.agents)
         joint = {a: self._env_action(a, actions[self._slot[a][0]][self._slot[a][1]]) for a in acting}
         obs, rewards, terminations, truncations, infos = self.env.step(joint)
@@ -405,10 +467,36 @@ class PettingZooEnv(MultiAgentEnv):
             for agent in acting:
                 g, i = self._slot[agent]
                 truncated[g][i] |= not terminated[g][i]
+        self._end_of_step(episode_over)
+        return observation, reward, terminated, truncated, episode_over
+
+    def _step_arrays(self, actions: dict[str, np.ndarray]):
+        rows = self._rows
+        first = self.groups[next(iter(self.groups))]
+        joint = rows.join(actions, np.zeros((rows.n, *actions[first.name].shape[1:]), actions[first.name].dtype))
+        acting = self._live.copy()
+        joint = env_actions(joint, acting, self._act_space[self._order[0]], self._order, self._t)
+        obs, reward, terminated, truncated, info = self.env.step_arrays(joint)
+        reward = np.asarray(reward, np.float32)
+        terminated, truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
+        for name, array in (("rewards", reward), ("terminations", terminated), ("truncations", truncated)):
+            if array.shape != (rows.n,):
+                raise EnvAPIError(f"step {self._t}: the env returned {name} of shape {array.shape}, not one per "
+                                  f"agent ({rows.n},)")
+        terminated, truncated = terminated & acting, truncated & acting   # an agent's episode ends once
+        self._live &= ~(terminated | truncated)
+        observation = self._observe_arrays(obs, info or {})
+        time_up = self.max_episode_steps is not None and self._t >= self.max_episode_steps
+        if time_up:
+            truncated = truncated | (acting & ~terminated)
+        episode_over = not self._live.any() or time_up
+        self._end_of_step(episode_over)
+        return observation, rows.split(reward), rows.split(terminated), rows.split(truncated), episode_over
+
+    def _end_of_step(self, episode_over: bool) -> None:
         if episode_over and not self._checked_first_episode:
             self._checked_first_episode = True
             self._warn_of_blank_images()
-        return observation, reward, terminated, truncated, episode_over
 
     def _warn_of_blank_images(self) -> None:
         """Some PettingZoo envs draw their screen only for a render mode (butterfly's cooperative_pong
