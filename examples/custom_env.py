@@ -7,6 +7,10 @@ standing close to each other. ``examples/configs/rendezvous.yaml`` points marlki
     python examples/custom_env.py                      # train MAPPO with the YAML
     python examples/custom_env.py --steps 2000         # tiny budget (what CI runs)
     marlkit --env examples/configs/rendezvous.yaml     # the same from the CLI (with examples/ on PYTHONPATH)
+
+``RendezvousInArrays`` is the same game written in ``[A, ...]`` arrays (``env.kwargs.arrays: true``):
+an env whose agents' data already sit in arrays declares it by subclassing ``ArrayParallelEnv``,
+and marlkit reads its arrays without a Python loop over agents (docs/extending.md).
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from pathlib import Path
 import numpy as np
 from gymnasium import spaces
 from pettingzoo import ParallelEnv
+
+from marlkit.envs.array_env import ArrayParallelEnv
 
 
 class Rendezvous(ParallelEnv):
@@ -70,9 +76,32 @@ class Rendezvous(ParallelEnv):
         return frame
 
 
-def make_env(**kwargs) -> Rendezvous:
+class RendezvousInArrays(ArrayParallelEnv, Rendezvous):
+    """The same game in arrays over ``possible_agents``: PettingZoo's dict API comes with
+    ``ArrayParallelEnv``, built from the two methods below."""
+
+    def _observations(self) -> np.ndarray:
+        scaled = self.pos / (self.size - 1)
+        return np.concatenate([scaled[:, None], np.tile(scaled, (len(scaled), 1))], axis=1).astype(np.float32)
+
+    def reset_arrays(self, seed=None):
+        if seed is not None or not hasattr(self, "rng"):
+            self.rng = np.random.default_rng(seed)
+        self.pos = self.rng.integers(0, self.size, len(self.possible_agents))
+        self.t = 0
+        return self._observations(), {}
+
+    def step_arrays(self, actions):
+        self.pos = np.clip(self.pos + actions - 1, 0, self.size - 1)
+        self.t += 1
+        n = len(self.possible_agents)
+        reward = np.full(n, -float(self.pos.max() - self.pos.min()) / (self.size - 1), np.float32)
+        return self._observations(), reward, np.zeros(n, bool), np.full(n, self.t >= self.max_steps), {}
+
+
+def make_env(arrays: bool = False, **kwargs) -> Rendezvous:
     """What ``env.factory`` names in the YAML; YAML ``env.kwargs`` arrive here."""
-    return Rendezvous(**kwargs)
+    return RendezvousInArrays(**kwargs) if arrays else Rendezvous(**kwargs)
 
 
 def main() -> int:

@@ -185,3 +185,21 @@ def test_the_real_mettagrid_game_gives_the_same_steps_through_arrays_and_dicts()
                 assert_same(x, y)
             assert got[4] == want[4]
         assert got[4] and got[3]["agents"].all()   # the step limit: a truncation of every agent
+
+
+def test_the_examples_game_in_arrays_plays_as_its_dict_form():
+    """examples/custom_env.py's Rendezvous and RendezvousInArrays: the same episodes through the adapter."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from custom_env import make_env
+    arrays, dicts = PettingZooEnv(make_env(arrays=True, n_agents=4)), PettingZooEnv(make_env(n_agents=4))
+    assert arrays._rows is not None and dicts._rows is None
+    assert_same(arrays.reset(seed=5), dicts.reset(seed=5))
+    rng = np.random.default_rng(1)
+    for t in range(20):
+        actions = {"agents": rng.integers(0, 3, (4,))}
+        got, want = arrays.step(actions), dicts.step(actions)
+        for x, y in zip(got[:4], want[:4]):
+            assert_same(x, y)
+        assert got[4] == want[4] == (t == 19)
