@@ -3,7 +3,17 @@ vector env (adapter, batching, auto-reset; no agent learns), for packaged envs, 
 against another (``--against``), the two taking turns as whole processes.
 
     python benchmarks/env_side.py [--envs mettagrid lbf_8x8_2p_2f_coop rware_tiny_2ag] [--steps 40000]
-                                  [--against OTHER_CHECKOUT] [--repeats 3] [--tag NAME]
+                                  [--against OTHER_CHECKOUT] [--dicts] [--repeats 3] [--tag NAME]
+
+``--dicts`` adds, for envs in arrays (``ArrayParallelEnv``: mettagrid), the same env read through
+its per-agent dicts, as any ParallelEnv is read (:func:`dicts_of` hides its array form), so that
+the array path is measured against the dict path in this very checkout.
+
+    python benchmarks/env_side.py --gymma-adapter [--repeats 7] [--tag NAME]
+
+The gymma adapter's own cost per step, the env taken away: a gymnasium env of 2, 4, 8 and 16 alike
+agents that returns the same arrays every step, read as arrays and agent by agent (the adapter's
+path for agents whose spaces differ), alternating in one process, best of ``--repeats``.
 
 Every env is stepped in one process (``runner.vectorize: sync``, its YAML's ``runner.parallels``),
 so that the process's CPU time is the env side's. A measurement is a process of its own running
@@ -25,8 +35,41 @@ import harness
 HERE = Path(__file__).resolve().parents[1]
 
 
-def side(checkout: Path, env: str, steps: int) -> dict:
-    """CPU and wall seconds per 10,000 env steps of ``env`` with ``checkout``'s marlkit."""
+class DictsOnly:
+    """An env in arrays seen only through PettingZoo's dict API."""
+
+    def __init__(self, env):
+        self.env = env
+        self.possible_agents = env.possible_agents
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.metadata = getattr(env, "metadata", {})
+
+    @property
+    def agents(self):
+        return self.env.agents
+
+    def reset(self, seed=None, options=None):
+        return self.env.reset(seed=seed)
+
+    def step(self, actions):
+        return self.env.step(actions)
+
+    def render(self):
+        return None
+
+    def close(self):
+        self.env.close()
+
+
+def dicts_of(inner: str, **kwargs) -> DictsOnly:
+    """``env.factory`` for ``--dicts``: ``inner``'s env behind its dict API alone."""
+    from marlkit.envs.pettingzoo import import_factory
+    return DictsOnly(import_factory(inner)(**kwargs))
+
+
+def side(checkout: Path, env: str, steps: int, dicts: bool = False) -> dict:
+    """CPU and wall seconds per 10,000 env steps of ``env`` with ``checkout``'s marlkit (``dicts``:
+    through its per-agent dicts)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     sys.path.insert(0, str(checkout))
     import torch
@@ -34,6 +77,9 @@ def side(checkout: Path, env: str, steps: int) -> dict:
     import marlkit
     assert Path(marlkit.__file__).resolve().is_relative_to(checkout), marlkit.__file__
     cfg = marlkit.build_config(agent="MAPPO", env=env, **{"runner.vectorize": "sync"})
+    if dicts:
+        cfg.env.kwargs = {**cfg.env.kwargs, "inner": cfg.env.factory}
+        cfg.env.factory = "env_side:dicts_of"
     stats: dict = {}
     cpu = time.process_time()
     harness.random_steps_per_s(cfg, steps, stats=stats)
@@ -43,8 +89,44 @@ def side(checkout: Path, env: str, steps: int) -> dict:
             "env_steps_per_s": stats["env_steps"] / stats["seconds"], "envs": cfg.runner.parallels}
 
 
-def run_side(checkout: Path, env: str, steps: int) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--side", str(checkout), env, str(steps)],
+def gymma_adapter(repeats: int, steps: int = 5000) -> dict:
+    """Microseconds per step of the gymma adapter alone, as arrays and agent by agent, per agent count."""
+    import gymnasium
+    import numpy as np
+    from gymnasium import spaces
+    from marlkit.envs.gymma import GymmaEnv
+
+    class Still(gymnasium.Env):
+        def __init__(self, n: int):
+            self.observation_space = spaces.Tuple([spaces.Box(-1, 1, (71,), np.float32)] * n)   # rware's size
+            self.action_space = spaces.Tuple([spaces.Discrete(5)] * n)
+            self.obs, self.rewards = tuple(np.zeros(71, np.float32) for _ in range(n)), [0.0] * n
+
+        def reset(self, seed=None, options=None):
+            return self.obs, {}
+
+        def step(self, actions):
+            return self.obs, self.rewards, False, False, {}
+
+    out = {}
+    for n in (2, 4, 8, 16):
+        env = GymmaEnv(Still(n))
+        env.reset()
+        actions = {"agents": np.zeros(n, np.int64)}
+        best = {"arrays": float("inf"), "per_agent": float("inf")}
+        for _ in range(repeats):
+            for form in best:
+                env._alike = form == "arrays"
+                start = time.perf_counter()
+                for _ in range(steps):
+                    env.step(actions)
+                best[form] = min(best[form], (time.perf_counter() - start) / steps * 1e6)
+        out[n] = {**{f"{k}_us_per_step": v for k, v in best.items()}, "ratio": best["arrays"] / best["per_agent"]}
+    return out
+
+
+def run_side(checkout: Path, env: str, steps: int, dicts: bool = False) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--side", str(checkout), env, str(steps)] + ["dicts"] * dicts,
                           capture_output=True, text=True, cwd=HERE)
     if done.returncode != 0:
         raise RuntimeError(f"{checkout} on {env} failed:\n{done.stderr[-3000:]}")
@@ -53,28 +135,43 @@ def run_side(checkout: Path, env: str, steps: int) -> dict:
 
 def main() -> None:
     if sys.argv[1:2] == ["--side"]:
-        print(json.dumps(side(Path(sys.argv[2]).resolve(), sys.argv[3], int(sys.argv[4]))))
+        print(json.dumps(side(Path(sys.argv[2]).resolve(), sys.argv[3], int(sys.argv[4]), sys.argv[5:] == ["dicts"])))
         return
     p = harness.parser(__doc__, overrides=False)
     p.add_argument("--envs", nargs="+", default=["mettagrid", "lbf_8x8_2p_2f_coop", "rware_tiny_2ag"])
     p.add_argument("--steps", type=int, default=40_000, help="env steps per measurement")
     p.add_argument("--against", type=Path, default=None, help="another checkout of marlkit to compare with")
+    p.add_argument("--dicts", action="store_true", help="also this checkout through the env's dicts (envs in arrays)")
+    p.add_argument("--gymma-adapter", action="store_true", help="the gymma adapter's own cost, arrays against per agent")
     args = harness.parse_args(p)
-    checkouts = {"this": HERE} | ({"against": args.against.resolve()} if args.against else {})
+    if args.gymma_adapter:
+        costs = gymma_adapter(args.repeats)
+        harness.table(["agents", "us / step, arrays", "us / step, per agent", "arrays / per agent"],
+                      [[n, c["arrays_us_per_step"], c["per_agent_us_per_step"], f"{c['ratio']:.2f}x"] for n, c in costs.items()])
+        harness.write_results("env_side", args, {"gymma_adapter": costs})
+        return
+    if not args.against and not args.dicts:
+        p.error("nothing to compare with: give --against, --dicts or both")
     results, rows = {}, []
     for env in args.envs:
-        samples, medians = harness.measure({name: (lambda c=c: run_side(c, env, args.steps))
-                                            for name, c in checkouts.items()}, args.repeats, f"{env}: ")
-        results[env] = {"samples": samples, "medians": medians}
-        row = [env] + [f"{medians[n]['cpu_s_per_10k']:.2f}" for n in checkouts]
+        sides = {"this": lambda: run_side(HERE, env, args.steps)}
+        if args.dicts:
+            sides["dicts"] = lambda: run_side(HERE, env, args.steps, dicts=True)
         if args.against:
-            ratio = medians["this"]["cpu_s_per_10k"] / medians["against"]["cpu_s_per_10k"]
-            results[env]["cpu_ratio"] = ratio
-            row.append(f"{ratio:.2f}x")
-        rows.append(row)
-    harness.table(["env"] + [f"CPU s / 10k steps, {n}" for n in checkouts] + (["this / against"] if args.against else []),
-                  rows)
-    harness.write_results("env_side", args, {"checkouts": {n: str(c) for n, c in checkouts.items()},
+            sides["against"] = lambda: run_side(args.against.resolve(), env, args.steps)
+        samples, medians = harness.measure(sides, args.repeats, f"{env}: ")
+        results[env] = {"samples": samples, "medians": medians, "ratios": {}}
+        for other in sides.keys() - {"this"}:
+            for unit in ("cpu_s_per_10k", "wall_s_per_10k"):
+                # per alternating pair, then the median: the pair shared the machine's load
+                pairs = [t[unit] / o[unit] for t, o in zip(samples["this"], samples[other])]
+                results[env]["ratios"][f"this / {other}, {unit}"] = {"median": harness.median(pairs),
+                                                                     "min": min(pairs), "max": max(pairs)}
+            rows.append([env, other] + [f"{medians[n]['wall_s_per_10k']:.2f}" for n in ("this", other)]
+                        + [f"{results[env]['ratios'][f'this / {other}, {u}']['median']:.2f}x"
+                           for u in ("wall_s_per_10k", "cpu_s_per_10k")])
+    harness.table(["env", "against", "wall s / 10k, this", "wall s / 10k, other", "wall ratio", "CPU ratio"], rows)
+    harness.write_results("env_side", args, {"this": str(HERE), "against": str(args.against) if args.against else None,
                                              "steps": args.steps, "envs": results})
 
 

@@ -150,6 +150,55 @@ def test_per_agent_ends_action_masks_and_flattened_observations():
         env.step({"agents": np.array([0, 3])})
 
 
+class _FourAlike(gymnasium.Env):
+    """Four alike agents: agent i's episode ends at step 2 + i (agent 3 at the time limit), each
+    paid its action plus its index, with an action mask that changes every step."""
+
+    observation_space = spaces.Tuple([spaces.Box(0, 99, (3,), np.float32)] * 4)
+    action_space = spaces.Tuple([spaces.Discrete(3)] * 4)
+
+    def _out(self):
+        mask = np.ones((4, 3), bool)
+        mask[:, self.t % 3] = False
+        return tuple(np.full(3, 10 * i + self.t, np.float32) for i in range(4)), {"action_mask": mask}
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return self._out()
+
+    def step(self, actions):
+        self.t += 1
+        obs, info = self._out()
+        rewards = [float(a) + i for i, a in enumerate(actions)]
+        return obs, rewards, [self.t >= 2 + i for i in range(3)] + [False], False, info
+
+
+def test_alike_agents_read_as_arrays_give_what_they_give_agent_by_agent():
+    arrays = GymmaEnv(_FourAlike(), groups={"even": ["agent_0", "agent_2"], "odd": ["agent_1", "agent_3"]},
+                      reward="individual", time_limit=6)
+    by_agent = GymmaEnv(_FourAlike(), groups={"even": ["agent_0", "agent_2"], "odd": ["agent_1", "agent_3"]},
+                        reward="individual", time_limit=6)
+    assert arrays._alike
+    by_agent._alike = False   # the path of unlike agents
+    pairs = [(arrays.reset(), by_agent.reset())]
+    rng = np.random.default_rng(0)
+    for t in range(6):
+        actions = {g: rng.integers(0, 3, (2,)) for g in ("even", "odd")}
+        got, want = arrays.step(actions), by_agent.step(actions)
+        pairs.append((got[0], want[0]))
+        for x, y in zip(got[1:4], want[1:4]):
+            for g in x:
+                np.testing.assert_array_equal(x[g], y[g])
+        assert got[4] == want[4] == (t == 5)
+    for a, b in pairs:
+        for g in ("even", "odd"):
+            for field in ("obs", "agent_mask", "action_mask"):
+                np.testing.assert_array_equal(getattr(a, field)[g], getattr(b, field)[g])
+        np.testing.assert_array_equal(a.state, b.state)
+    # agent_2 (even's second) ended at step 4, agent_3 (odd's second) was truncated at the limit
+    assert pairs[4][0].agent_mask["even"].tolist() == [False, False] and got[3]["odd"].tolist() == [False, True]
+
+
 @pytest.mark.parametrize("env_id", [LBF, RWARE])
 def test_a_pickled_env_continues_the_same_trajectory(env_id):
     """What ``env.exact_resume: true`` in the packaged YAMLs rests on: mid-episode, the env's
