@@ -37,6 +37,29 @@ Both sides run in one process with one torch thread, the envs stepped in that pr
 
 Env steps are joint steps of one game (PufferLib counts agent steps: divided by 4). Results go to
 benchmarks/results/vs_pufferlib[_NAME].json.
+
+Learning (``--learn``): does marlkit learn the game as well as PuffeRL?
+
+    .venv/bin/python benchmarks/vs_pufferlib.py --learn --pufferlib-python PYTHON [--steps 2000000]
+        [--seeds 1 2 3] [--eval-interval 51200] [--eval-episodes 32] [--sides marlkit pufferlib pufferlib_own]
+        [--pufferlib-channels-last] [--tag NAME]
+
+Each side trains ``--steps`` env steps per seed, a process per run, the sides in turn within a seed,
+one torch thread each, 16 games in process:
+- ``marlkit``: the packaged YAML as it is (``marlkit --agent MAPPO --env mettagrid --benchmark``),
+  its own evaluations (32 games, sampled actions);
+- ``pufferlib``: PuffeRL with the networks above and marlkit's settings (the speed comparison's);
+- ``pufferlib_own``: the same networks with PufferLib's own settings for mettagrid (its
+  ``config/metta.ini`` over ``config/default.ini``: one epoch, 64-step segments, lr 3e-4 annealed,
+  gamma 0.977, lambda 0.916, clip 0.1, entropy 0.0021, value coefficient 0.44; see
+  :func:`pufferlib_own_settings`).
+A PuffeRL run is evaluated the way marlkit evaluates: every ``--eval-interval`` env steps its policy
+plays ``--eval-episodes`` games of its own with sampled actions, scored as hearts per agent (the
+mean over a game's agents of its return, each heart paying 1). Curves are kept against env steps
+and against training wall time (evaluations left out on both sides); the summary gives, per side,
+the mean and 95% t interval over seeds at every evaluation and the first step whose mean reaches the
+scripted forager's 2.1 hearts per agent. Results go to benchmarks/results/vs_pufferlib_learn_NAME.json,
+rewritten after every run; the same command again keeps the runs that file holds and runs the rest.
 """
 from __future__ import annotations
 
@@ -113,9 +136,9 @@ def _parameters(checkpoint) -> int:
 
 # ---------------------------------------------------------------- PufferLib's side (PufferLib's venv)
 
-def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
+def pufferlib_parts(env_config: str, channels_last: bool):
+    """PufferLib's side of the game: (Policy class, make_env for its vector env, its MettaGridConfig)."""
     import pufferlib.pytorch
-    import pufferlib.vector
     import torch
     from mettagrid.config.mettagrid_config import MettaGridConfig
     from mettagrid.envs.mettagrid_puffer_env import MettaGridPufferEnv
@@ -165,6 +188,8 @@ def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
         """PufferLib's LSTMWrapper, with a GRU: a cell while acting, the whole GRU over a segment in
         training; ``lstm_h`` carries the GRU's state (``lstm_c`` is unused)."""
 
+        obs_shape = (channels, height, width)
+
         def __init__(self):
             super().__init__()
             self.hidden_size = WIDTH
@@ -197,8 +222,13 @@ def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
     def make_env(buf=None, seed=0):
         return MettaGridPufferEnv(Simulator(), cfg, buf=buf, seed=seed)
 
-    config = {
-        "env": ENV, "seed": 1, "torch_deterministic": False, "device": "cpu", "cpu_offload": False,
+    return Policy, make_env, cfg
+
+
+def pufferlib_config(seed: int, **changes) -> dict:
+    """PuffeRL's settings with marlkit's YAML's (the module's constants), ``changes`` on top."""
+    return {
+        "env": ENV, "seed": seed, "torch_deterministic": False, "device": "cpu", "cpu_offload": False,
         "compile": False, "compile_mode": "default", "compile_fullgraph": False, "precision": "float32",
         "optimizer": "adam", "learning_rate": LR, "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8,
         "batch_size": BATCH * AGENTS, "bptt_horizon": CHUNK, "minibatch_size": BATCH * AGENTS // MINIBATCHES,
@@ -206,7 +236,17 @@ def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
         "gamma": GAMMA, "gae_lambda": LAMBDA, "clip_coef": CLIP, "vf_clip_coef": VALUE_CLIP,
         "vf_coef": VALUE_COEF, "ent_coef": ENTROPY, "max_grad_norm": MAX_GRAD_NORM, "prio_alpha": 0.0,
         "prio_beta0": 1.0, "vtrace_rho_clip": 1.0, "vtrace_c_clip": 1.0, "anneal_lr": False,
-        "total_timesteps": 10 ** 12, "checkpoint_interval": 10 ** 9, "data_dir": tempfile.mkdtemp()}
+        "total_timesteps": 10 ** 12, "checkpoint_interval": 10 ** 9, "data_dir": tempfile.mkdtemp(), **changes}
+
+
+def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
+    import pufferlib.vector
+    import torch
+    from pufferlib import pufferl
+
+    torch.set_num_threads(1)
+    Policy, make_env, _ = pufferlib_parts(env_config, channels_last)
+    config = pufferlib_config(seed=1)
     start_wall, start_cpu = time.perf_counter(), cpu_seconds()
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS)
     policy = Policy()
@@ -219,7 +259,93 @@ def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
     del logs
     return {"wall_s": wall, "cpu_s": cpu, "env_steps": trainer.global_step // AGENTS,
             "parameters": sum(p.numel() for n, p in policy.named_parameters() if not n.startswith("cell.")),
-            "obs_shape": [channels, height, width], "losses": losses}
+            "obs_shape": list(policy.obs_shape), "losses": losses}
+
+
+# ---------------------------------------------------------------- learning (--learn)
+
+# --learn's sides: marlkit's packaged YAML; PuffeRL with marlkit's settings; PuffeRL with its own
+LEARN_SIDES = ("marlkit", "pufferlib", "pufferlib_own")
+SCRIPTED_FORAGER = 2.1   # hearts per agent of tests/test_mettagrid.py's forager on the packaged map (docs/envs.md)
+
+
+def marlkit_learn(seed: int, steps: int, eval_interval: int, eval_episodes: int) -> dict:
+    """marlkit's packaged YAML trained ``steps`` env steps, evaluated every ``eval_interval``."""
+    import torch
+
+    import marlkit
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as root:
+        result = marlkit.run(agent="MAPPO", env=ENV, mode="benchmark", seed=seed, logger="none", **{
+            "runner.total_steps": steps, "runner.eval_interval": eval_interval, "runner.eval_episodes": eval_episodes,
+            "runner.progress": False, "runner.save_interval": 10 ** 12, "runner.torch_threads": 1,
+            "runner.update_threads": 1, "runner.run_root": root})
+    curve, evaluating = [], 0.0
+    for row in result.evaluations:
+        curve.append({"step": row["step"], "mean": row["mean"]["agents"], "ci": row["ci"]["agents"],
+                      "train_wall_s": row["wall_time_s"] - evaluating})
+        evaluating += row["eval_s"]
+    return {"curve": curve, "random": result.baseline["mean"]["agents"]}
+
+
+def pufferlib_own_settings(steps: int) -> dict:
+    """PufferLib's own training settings for mettagrid: its ``config/metta.ini`` over its
+    ``config/default.ini`` (PufferLib's repository), on this comparison's batch of 8,192 agent steps
+    (its 32,768-step minibatch is more than a batch here: one minibatch per epoch), with the
+    learning-rate anneal ending at the run's last step."""
+    return {"optimizer": "adam", "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-12, "clip_coef": 0.1,
+            "ent_coef": 0.0021, "gae_lambda": 0.916, "gamma": 0.977, "learning_rate": 3e-4, "max_grad_norm": 0.5,
+            "minibatch_size": BATCH * AGENTS, "max_minibatch_size": BATCH * AGENTS, "bptt_horizon": 64,
+            "update_epochs": 1, "prio_alpha": 0.0, "prio_beta0": 0.6, "vf_clip_coef": 0.1, "vf_coef": 0.44,
+            "vtrace_c_clip": 1.0, "vtrace_rho_clip": 1.0, "anneal_lr": True, "total_timesteps": steps * AGENTS}
+
+
+def pufferlib_learn(env_config: str, channels_last: bool, seed: int, steps: int, eval_interval: int,
+                    eval_episodes: int, own_settings: bool) -> dict:
+    """PuffeRL trained ``steps`` env steps; every ``eval_interval`` its policy plays ``eval_episodes``
+    games of its own (sampled actions, as marlkit evaluates), scored as hearts per agent."""
+    import numpy as np
+    import pufferlib.vector
+    import torch
+    from pufferlib import pufferl
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    Policy, make_env, cfg = pufferlib_parts(env_config, channels_last)
+    config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}))
+    vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
+    policy = Policy()
+    trainer = pufferl.PuffeRL(config, vecenv, policy)
+    games = [make_env(seed=10 ** 6 + seed * 1000 + i) for i in range(eval_episodes)]
+    generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def evaluate() -> dict:
+        obs = np.concatenate([g.reset(seed=10 ** 6 + seed * 1000 + i)[0] for i, g in enumerate(games)])
+        state = {"lstm_h": torch.zeros(len(obs), WIDTH)}   # forward_eval carries the GRU's memory in it
+        total = np.zeros(len(obs))
+        for _ in range(cfg.game.max_steps):   # every game ends at its step limit, all agents together
+            logits, _ = policy.forward_eval(torch.as_tensor(obs), state)
+            actions = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1).numpy()
+            steps_out = [g.step(a) for g, a in zip(games, np.split(actions, len(games)))]
+            obs = np.concatenate([o for o, *_ in steps_out])
+            total += np.concatenate([r for _, r, *_ in steps_out])
+        per_game = total.reshape(len(games), -1).mean(1)
+        return {"mean": float(per_game.mean()), "ci": float(1.96 * per_game.std(ddof=1) / np.sqrt(len(per_game)))}
+
+    curve, train_wall, next_eval = [], 0.0, 0
+    while True:
+        env_steps = trainer.global_step // AGENTS
+        if env_steps >= next_eval or env_steps >= steps:
+            curve.append({"step": env_steps, **evaluate(), "train_wall_s": train_wall})
+            next_eval += eval_interval
+        if env_steps >= steps:
+            break
+        start = time.perf_counter()
+        trainer.evaluate()
+        trainer.train()
+        train_wall += time.perf_counter() - start
+    return {"curve": curve, "settings": {k: v for k, v in config.items() if k != "data_dir"}}
 
 
 # ---------------------------------------------------------------- the parent
@@ -253,23 +379,39 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=8, help="updates of 2,048 env steps per measurement")
     parser.add_argument("--pufferlib-channels-last", action="store_true",
                         help="PufferLib's convolutions in channels-last memory, as marlkit's cnn runs them")
-    parser.add_argument("--sides", nargs="+", default=["pufferlib", "marlkit"], choices=["pufferlib", "marlkit"])
-    parser.add_argument("--side", choices=["pufferlib", "marlkit"], help=argparse_hidden())
+    parser.add_argument("--sides", nargs="+", default=None, choices=LEARN_SIDES,
+                        help="default: pufferlib marlkit; with --learn: all three")
+    parser.add_argument("--learn", action="store_true", help="learning curves instead of speed (see the top)")
+    parser.add_argument("--steps", type=int, default=2_000_000, help="--learn: env steps per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="--learn: seeds")
+    parser.add_argument("--eval-interval", type=int, default=51_200, help="--learn: env steps between evaluations")
+    parser.add_argument("--eval-episodes", type=int, default=32, help="--learn: games per evaluation")
+    parser.add_argument("--side", choices=LEARN_SIDES, help=argparse_hidden())
+    parser.add_argument("--seed", type=int, default=1, help=argparse_hidden())
     parser.add_argument("--env-config", help=argparse_hidden())
     args = harness.parse_args(parser)
     if args.side:
         # a measurement process: its result as the last line of its output, then out at once, past
         # threads that would keep it alive (PuffeRL's utilisation monitor, also after an error)
         try:
-            sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
-                args.updates, args.env_config, args.pufferlib_channels_last)
+            if args.learn and args.side == "marlkit":
+                sample = marlkit_learn(args.seed, args.steps, args.eval_interval, args.eval_episodes)
+            elif args.learn:
+                sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.seed, args.steps,
+                                         args.eval_interval, args.eval_episodes, args.side == "pufferlib_own")
+            else:
+                sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
+                    args.updates, args.env_config, args.pufferlib_channels_last)
             print(json.dumps(sample), flush=True)
         except Exception:
             log.exception("the %s side failed", args.side)   # its traceback, to stderr
             os._exit(1)
         os._exit(0)
-    if "pufferlib" in args.sides and not args.pufferlib_python:
+    args.sides = args.sides or (list(LEARN_SIDES) if args.learn else ["pufferlib", "marlkit"])
+    if any(side.startswith("pufferlib") for side in args.sides) and not args.pufferlib_python:
         parser.error("--pufferlib-python is needed for the pufferlib side")
+    if args.learn:
+        return learn(args)
 
     from marlkit.api import build_config
     from marlkit.envs.mettagrid import forage_config
@@ -307,6 +449,80 @@ def main() -> None:
     harness.write_results("vs_pufferlib", args, {"updates": args.updates, "env_steps_per_update": BATCH,
                                                  "pufferlib_channels_last": args.pufferlib_channels_last,
                                                  "samples": samples, "summary": summary, "ratios": ratios})
+
+
+def learn(args) -> None:
+    """Every seed's run of every side, one process each, the sides in turn within a seed; the results
+    file is rewritten after each run, so a stopped comparison keeps what it finished."""
+    from marlkit.api import build_config
+    from marlkit.envs.mettagrid import forage_config
+    kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
+    kwargs.pop("map")
+    pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python, "pufferlib_own": args.pufferlib_python}
+    runs: dict[str, list] = {side: [] for side in args.sides}
+    out = Path(args.out or harness.RESULTS / f"vs_pufferlib_learn_{args.tag or time.strftime('%Y%m%d-%H%M%S')}.json")
+    if out.is_file():   # a comparison stopped before: its finished runs are kept, the others run
+        before = json.loads(out.read_text())
+        if (before["steps"], before["eval_interval"], before["eval_episodes"]) != (args.steps, args.eval_interval,
+                                                                                    args.eval_episodes):
+            raise SystemExit(f"{out} holds runs of other settings; give another --tag")
+        for side, side_runs in before["runs"].items():
+            runs.setdefault(side, []).extend(side_runs)
+    with tempfile.TemporaryDirectory() as tmp:
+        env_config = Path(tmp) / "mettagrid.json"
+        env_config.write_text(forage_config(**kwargs).model_dump_json())
+        for seed in args.seeds:
+            for side in args.sides:
+                if any(run["seed"] == seed for run in runs[side]):
+                    continue
+                cmd = [pythons[side], __file__, "--side", side, "--learn", "--seed", str(seed), "--steps", str(args.steps),
+                       "--eval-interval", str(args.eval_interval), "--eval-episodes", str(args.eval_episodes),
+                       "--env-config", str(env_config), *(["--pufferlib-channels-last"] * args.pufferlib_channels_last)]
+                start = time.perf_counter()
+                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      cwd=Path(__file__).parent)
+                if done.returncode != 0:
+                    raise RuntimeError(f"{side}, seed {seed} failed:\n{done.stderr[-5000:]}")
+                run = {"seed": seed, "process_wall_s": time.perf_counter() - start,
+                       **json.loads(done.stdout.strip().splitlines()[-1])}
+                runs[side].append(run)
+                last = run["curve"][-1]
+                print(f"{side} seed {seed}: {last['mean']:.2f} hearts per agent at {last['step']:,} env steps "
+                      f"({last['train_wall_s']:.0f} s of training)", flush=True)
+                summary = learn_summary(runs)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": harness.machine(),
+                                           "steps": args.steps, "eval_interval": args.eval_interval,
+                                           "eval_episodes": args.eval_episodes, "scripted_forager": SCRIPTED_FORAGER,
+                                           "summary": summary, "runs": runs}, indent=2))
+    summary = learn_summary(runs)
+    harness.table(["side", "seeds", "final hearts per agent (mean, 95% t interval)", "first step at the forager's 2.1"],
+                  [[side, v["seeds"], f"{v['final']['mean']:.2f} [{v['final']['low']:.2f}, {v['final']['high']:.2f}]",
+                    v["reaches_forager"] or "not reached"] for side, v in summary.items()])
+    print(f"written {out}")
+
+
+def learn_summary(runs: dict[str, list]) -> dict:
+    """Per side: the curve's mean and 95% t interval over seeds at each evaluation the seeds share,
+    the final evaluation's, and the first step whose mean reaches the scripted forager."""
+    from scipy import stats
+    out = {}
+    for side, side_runs in runs.items():
+        if not side_runs:
+            continue
+        points = min(len(r["curve"]) for r in side_runs)
+        curve = []
+        for k in range(points):
+            values = [r["curve"][k]["mean"] for r in side_runs]
+            mean = statistics.fmean(values)
+            half = (stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+                    if len(values) > 1 else 0.0)
+            curve.append({"step": side_runs[0]["curve"][k]["step"], "mean": mean, "low": mean - half,
+                          "high": mean + half, "train_wall_s": statistics.fmean(r["curve"][k]["train_wall_s"]
+                                                                                for r in side_runs)})
+        reach = next((c["step"] for c in curve if c["mean"] >= SCRIPTED_FORAGER), None)
+        out[side] = {"seeds": len(side_runs), "curve": curve, "final": curve[-1], "reaches_forager": reach}
+    return out
 
 
 def argparse_hidden():

@@ -378,6 +378,10 @@ class Runner:
 
     def _evaluate(self, state: TrainState, eval_venv, result: RunResult, stop=None) -> None:
         rc, evaluator = self.cfg.runner, self.evaluator
+        started = time.perf_counter()
+        # the run's wall time when this evaluation began, evaluations before it included, and this
+        # evaluation's own time: a curve against training time subtracts the evaluations before
+        clock = {} if self._wall_time is None else {"wall_time_s": self._wall_time()}
         if state.baseline is None:   # once per run: a resumed run has it in its checkpoint
             state.baseline = evaluator.row(eval_venv, random_policy(eval_venv.spec), stop)
             self.logger.log({f"baseline/{g}/return": v for g, v in state.baseline["mean"].items()}, state.steps)
@@ -388,6 +392,7 @@ class Runner:
             opponents = random_policy(eval_venv.spec) if len(evaluator.learning_teams) > 1 else None
             row = {"step": state.steps, **evaluator.row(eval_venv, self.agents, stop, opponents)}
         stats = row.get("env", {})
+        row.update(clock, eval_s=time.perf_counter() - started)
         state.evaluations.append(row)
         self.logger.log({**{f"eval/{g}/return": v for g, v in row["mean"].items()},
                          **{f"eval/team/{t}/return": v["mean"] for t, v in row["teams"].items()},
