@@ -118,6 +118,10 @@ def test_benchmark_rows_carry_intervals_and_best_follows_the_rule(tiny):
         assert 0 < r["ci"]["agents"] and r["score_ci"] == pytest.approx(r["ci"]["agents"])
     assert run.best == best_by_the_rule(rows)
     assert torch.load(run.run_dir / "best.pt", weights_only=False)["steps"] == run.best["step"]
+    # each row has the run's wall time when it began, the evaluations before it included, and its own
+    walls = [r["wall_time_s"] for r in rows]
+    assert walls == sorted(walls) and all(r["eval_s"] > 0 for r in rows)
+    assert all(later - earlier >= r["eval_s"] for later, earlier, r in zip(walls[1:], walls, rows))
 
 
 @pytest.mark.slow
