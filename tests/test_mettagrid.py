@@ -48,6 +48,33 @@ def test_tokens_land_at_their_cell_and_channel_scaled_by_their_normalisation():
     np.testing.assert_allclose(images / 255.0, expected, atol=0.5 / 255)
 
 
+def test_a_category_gets_a_plane_per_value_beside_its_scaled_channel():
+    # feature 1 is a category of 3 values (agent 0, heart 1, wall 2): planes 2, 3, 4 after the 2 features
+    grid = TokenGrid(3, 3, {0: 1.0, 1: 10.0}, categories={1: 3})
+    tokens = np.full((1, 6, 3), PADDING, np.uint8)
+    tokens[0, :4] = [[coord(0, 0), 1, 0],     # an agent: value 0, unseen in the scaled channel
+                     [coord(1, 1), 1, 1],     # a heart
+                     [coord(2, 2), 1, 2],     # a wall
+                     [coord(2, 0), 1, 7]]     # no such category: the scaled channel alone
+    images = grid(tokens)
+    assert images.shape == (1, 5, 3, 3)
+    assert images[0, 2, 0, 0] == images[0, 3, 1, 1] == images[0, 4, 2, 2] == 255
+    assert images[0, 2:].sum() == 3 * 255
+    np.testing.assert_array_equal(images[0, 1], np.rint(np.array([[0, 0, 0], [0, 25.5, 0], [178.5, 0, 51]])))
+
+
+def test_tag_planes_show_each_object_kind_on_the_real_game():
+    scaled, planes = parallel_env(**SMALL), parallel_env(**SMALL, tags="planes")
+    a, b = scaled.reset_arrays(seed=3)[0], planes.reset_arrays(seed=3)[0]
+    n_tags = b.shape[1] - a.shape[1]
+    assert n_tags == 3                                       # type:agent, type:heart, type:wall
+    np.testing.assert_array_equal(b[:, :a.shape[1]], a)     # the scaled channels unchanged
+    agent_plane = b[:, a.shape[1]]
+    assert (agent_plane[:, 6, 6] == 255).all()               # every agent sees itself at the centre
+    with pytest.raises(ConfigError, match="env.kwargs.tags"):
+        parallel_env(tags="onehot")
+
+
 def reference_images(tokens: np.ndarray, height: int, width: int, normalisation: dict[int, float]) -> np.ndarray:
     """A plain loop over every token, as mettagrid's GridObsWrapper defines the image, clipped at 1."""
     channels = max(normalisation) + 1

@@ -45,10 +45,18 @@ class TokenGrid:
     that the ``cnn`` model's 1/255 turns a cell into ``value / normalisation`` as ``GridObsWrapper``
     computes it, in a quarter of float32's bytes in every buffer and pipe. mettagrid writes at most
     one token per cell and feature, so tokens are assigned, not summed.
+
+    ``categories`` (feature id -> how many values) adds, after those channels, one channel per value
+    of each such feature, 255 where the cell holds that value: a category (an object's tag: agent,
+    heart, wall) as its own plane, where its scaled value (0, 0.1, 0.2) would tell a heart from a
+    wall by a tenth, and would leave a tag of 0 (another agent) unseen.
     """
 
-    def __init__(self, height: int, width: int, normalisation: dict[int, float]):
-        self.shape = (max(normalisation, default=0) + 1, height, width)
+    def __init__(self, height: int, width: int, normalisation: dict[int, float],
+                 categories: dict[int, int] | None = None):
+        categories = categories or {}
+        features = max(normalisation, default=0) + 1
+        self.shape = (features + sum(categories.values()), height, width)
         c, cells = self.shape[0], height * width
         # lookups of 256 entries indexed by the raw byte: no bounds checks per token
         self.scale = np.zeros(256, np.float32)                      # feature id -> 255 / normalisation
@@ -60,7 +68,14 @@ class TokenGrid:
         inside[PADDING] = False
         dropped = -c * cells                                        # makes any sum below negative
         self.cell = np.where(inside, rows * width + cols, dropped)  # coord byte -> flat cell
-        self.channel = np.where(np.arange(256) < c, np.arange(256) * cells, dropped)   # feature id -> offset
+        self.channel = np.where(np.arange(256) < features, np.arange(256) * cells, dropped)   # feature id -> offset
+        # feature id -> the offset of its value 0's plane (categories), and how many values it has
+        self.plane = np.full(256, dropped)
+        self.values = np.zeros(256, np.int64)
+        first = features
+        for fid, count in sorted(categories.items()):
+            self.plane[fid], self.values[fid] = first * cells, count
+            first += count
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         """``tokens``: ``[A, T, 3]`` uint8 -> ``[A, C, H, W]`` uint8."""
@@ -74,6 +89,11 @@ class TokenGrid:
         keep = index >= 0
         out = np.zeros(n * size, np.uint8)
         out[index[keep] + real[keep] // t * size] = np.minimum(np.rint(value[keep] * self.scale[fid[keep]]), 255)
+        if self.values.any():
+            category = value < self.values[fid]
+            index = self.cell[coord] + self.plane[fid] + value.astype(np.int64) * (self.shape[1] * self.shape[2])
+            keep = category & (self.cell[coord] >= 0) & (self.plane[fid] >= 0)
+            out[index[keep] + real[keep] // t * size] = 255
         return out.reshape(n, *self.shape)
 
 
@@ -114,13 +134,16 @@ class MettaGridEnv(ArrayParallelEnv):
 
     metadata: ClassVar[dict] = {"name": "mettagrid", "render_modes": []}
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, tag_planes: bool = False):
         _import_mettagrid()
         from mettagrid.policy.policy_env_interface import PolicyEnvInterface
 
         self.cfg = cfg
         info = PolicyEnvInterface.from_mg_cfg(cfg)
-        self.grid = TokenGrid(info.obs_height, info.obs_width, {int(f.id): f.normalization for f in info.obs_features})
+        tag = [int(f.id) for f in info.obs_features if f.name == "tag"]
+        categories = {tag[0]: len(info.tags)} if tag_planes and tag else {}
+        self.grid = TokenGrid(info.obs_height, info.obs_width, {int(f.id): f.normalization for f in info.obs_features},
+                              categories)
         self.possible_agents = [f"agent_{i}" for i in range(cfg.game.num_agents)]
         self.agents: list[str] = []
         self._obs_space = spaces.Box(0, 255, self.grid.shape, np.uint8)
@@ -167,9 +190,13 @@ class MettaGridEnv(ArrayParallelEnv):
 
 
 def parallel_env(map: str = "forage", num_agents: int = 4, width: int = 32, height: int = 32, hearts: int = 16,
-                 walls: int = 40, max_steps: int = 128) -> MettaGridEnv:
+                 walls: int = 40, max_steps: int = 128, tags: str = "scaled") -> MettaGridEnv:
     """``env.kwargs`` of ``marlkit/configs/mettagrid.yaml``. ``forage``: ``num_agents`` agents and
-    ``hearts`` hearts (1 each when picked up) in a ``width x height`` room with ``walls`` walls."""
+    ``hearts`` hearts (1 each when picked up) in a ``width x height`` room with ``walls`` walls.
+    ``tags``: ``scaled``, the tag feature as one channel of ``tag / 10`` (``GridObsWrapper``'s); or
+    ``planes``, a channel per tag besides (:class:`TokenGrid`'s ``categories``)."""
     if map not in MAPS:
         raise ConfigError(f"env.kwargs.map: {map!r} is not a mettagrid map marlkit builds; choose one of {list(MAPS)}")
-    return MettaGridEnv(forage_config(num_agents, width, height, hearts, walls, max_steps))
+    if tags not in ("scaled", "planes"):
+        raise ConfigError(f"env.kwargs.tags: {tags!r} is not one of ['scaled', 'planes']")
+    return MettaGridEnv(forage_config(num_agents, width, height, hearts, walls, max_steps), tag_planes=tags == "planes")
