@@ -136,8 +136,10 @@ def _parameters(checkpoint) -> int:
 
 # ---------------------------------------------------------------- PufferLib's side (PufferLib's venv)
 
-def pufferlib_parts(env_config: str, channels_last: bool):
-    """PufferLib's side of the game: (Policy class, make_env for its vector env, its MettaGridConfig)."""
+def pufferlib_parts(env_config: str, channels_last: bool, tag_planes: bool):
+    """PufferLib's side of the game: (Policy class, make_env for its vector env, its MettaGridConfig).
+    ``tag_planes``: the policy's images have a channel per object tag too, as marlkit's YAML's
+    (``env.kwargs.tags: planes``)."""
     import pufferlib.pytorch
     import torch
     from mettagrid.config.mettagrid_config import MettaGridConfig
@@ -154,6 +156,8 @@ def pufferlib_parts(env_config: str, channels_last: bool):
     info = PolicyEnvInterface.from_mg_cfg(cfg)
     height, width = info.obs_height, info.obs_width
     channels = max(int(f.id) for f in info.obs_features) + 1
+    tag_id = next(int(f.id) for f in info.obs_features if f.name == "tag")
+    n_tags = len(info.tags) if tag_planes else 0
     scale = torch.zeros(256)
     for f in info.obs_features:
         scale[int(f.id)] = 1.0 / max(float(f.normalization), 1.0)
@@ -165,16 +169,20 @@ def pufferlib_parts(env_config: str, channels_last: bool):
         col = torch.where(coord == 0xFE, width // 2, coord & 0x0F)
         keep = (coord != 0xFF) & (row < height) & (col < width) & (fid < channels)
         index = torch.where(keep, (fid * height + row) * width + col, 0)
-        out = torch.zeros(tokens.shape[0], channels * height * width)
+        out = torch.zeros(tokens.shape[0], (channels + n_tags) * height * width)
         out.scatter_add_(1, index, value.float() * scale[fid] * keep)
-        return out.view(-1, channels, height, width)
+        if n_tags:   # a plane per tag value, 1 where the cell's object has that tag
+            plane = keep & (fid == tag_id) & (value < n_tags)
+            index = torch.where(plane, ((channels + value) * height + row) * width + col, 0)
+            out.scatter_add_(1, index, plane.float())
+        return out.view(-1, channels + n_tags, height, width)
 
     def cnn() -> nn.Sequential:
-        (a, b, c), layers, size = CHANNELS, [], channels
+        (a, b, c), layers, size = CHANNELS, [], channels + n_tags
         for out, stride in ((a, 1), (b, 2), (c, 1)):
             layers += [nn.Conv2d(size, out, 3, stride), nn.ReLU()]
             size = out
-        flat = nn.Sequential(*layers, nn.Flatten())(torch.zeros(1, channels, height, width)).shape[1]
+        flat = nn.Sequential(*layers, nn.Flatten())(torch.zeros(1, channels + n_tags, height, width)).shape[1]
         layers.append(nn.Flatten())
         if channels_last:   # marlkit's cnn's memory layout (--pufferlib-channels-last)
             layers = [ChannelsLast(), *(layer.to(memory_format=torch.channels_last) for layer in layers)]
@@ -188,7 +196,7 @@ def pufferlib_parts(env_config: str, channels_last: bool):
         """PufferLib's LSTMWrapper, with a GRU: a cell while acting, the whole GRU over a segment in
         training; ``lstm_h`` carries the GRU's state (``lstm_c`` is unused)."""
 
-        obs_shape = (channels, height, width)
+        obs_shape = (channels + n_tags, height, width)
 
         def __init__(self):
             super().__init__()
@@ -239,13 +247,13 @@ def pufferlib_config(seed: int, **changes) -> dict:
         "total_timesteps": 10 ** 12, "checkpoint_interval": 10 ** 9, "data_dir": tempfile.mkdtemp(), **changes}
 
 
-def pufferlib_side(updates: int, env_config: str, channels_last: bool) -> dict:
+def pufferlib_side(updates: int, env_config: str, channels_last: bool, tag_planes: bool) -> dict:
     import pufferlib.vector
     import torch
     from pufferlib import pufferl
 
     torch.set_num_threads(1)
-    Policy, make_env, _ = pufferlib_parts(env_config, channels_last)
+    Policy, make_env, _ = pufferlib_parts(env_config, channels_last, tag_planes)
     config = pufferlib_config(seed=1)
     start_wall, start_cpu = time.perf_counter(), cpu_seconds()
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS)
@@ -300,7 +308,7 @@ def pufferlib_own_settings(steps: int) -> dict:
             "vtrace_c_clip": 1.0, "vtrace_rho_clip": 1.0, "anneal_lr": True, "total_timesteps": steps * AGENTS}
 
 
-def pufferlib_learn(env_config: str, channels_last: bool, seed: int, steps: int, eval_interval: int,
+def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, seed: int, steps: int, eval_interval: int,
                     eval_episodes: int, own_settings: bool) -> dict:
     """PuffeRL trained ``steps`` env steps; every ``eval_interval`` its policy plays ``eval_episodes``
     games of its own (sampled actions, as marlkit evaluates), scored as hearts per agent."""
@@ -311,7 +319,7 @@ def pufferlib_learn(env_config: str, channels_last: bool, seed: int, steps: int,
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    Policy, make_env, cfg = pufferlib_parts(env_config, channels_last)
+    Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes)
     config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}))
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
     policy = Policy()
@@ -355,7 +363,8 @@ def run_side(side: str, python: str, args, env_config: str, log: Path) -> dict:
     time (start-up and imports included) from the parent's RUSAGE_CHILDREN."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = [python, __file__, "--side", side, "--updates", str(args.updates), "--env-config", env_config,
-           *(["--pufferlib-channels-last"] if args.pufferlib_channels_last else [])]
+           *(["--pufferlib-channels-last"] if args.pufferlib_channels_last else []),
+           *(["--tag-planes"] if args.tag_planes else [])]
     with open(log, "a") as f:
         done = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=f, text=True, cwd=Path(__file__).parent)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -389,6 +398,8 @@ def main() -> None:
     parser.add_argument("--side", choices=LEARN_SIDES, help=argparse_hidden())
     parser.add_argument("--seed", type=int, default=1, help=argparse_hidden())
     parser.add_argument("--env-config", help=argparse_hidden())
+    parser.add_argument("--tag-planes", action="store_true", help=argparse_hidden())
+    parser.add_argument("--jobs", type=int, default=1, help="--learn: runs at once (each on one thread)")
     args = harness.parse_args(parser)
     if args.side:
         # a measurement process: its result as the last line of its output, then out at once, past
@@ -397,11 +408,11 @@ def main() -> None:
             if args.learn and args.side == "marlkit":
                 sample = marlkit_learn(args.seed, args.steps, args.eval_interval, args.eval_episodes)
             elif args.learn:
-                sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.seed, args.steps,
+                sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.tag_planes, args.seed, args.steps,
                                          args.eval_interval, args.eval_episodes, args.side == "pufferlib_own")
             else:
                 sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
-                    args.updates, args.env_config, args.pufferlib_channels_last)
+                    args.updates, args.env_config, args.pufferlib_channels_last, args.tag_planes)
             print(json.dumps(sample), flush=True)
         except Exception:
             log.exception("the %s side failed", args.side)   # its traceback, to stderr
@@ -417,6 +428,7 @@ def main() -> None:
     from marlkit.envs.mettagrid import forage_config
     kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
     kwargs.pop("map")
+    args.tag_planes = kwargs.pop("tags", "scaled") == "planes"   # PufferLib's policy sees the same planes
     pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python}
     with tempfile.TemporaryDirectory() as tmp:
         env_config = Path(tmp) / "mettagrid.json"   # the very game marlkit plays, for PufferLib's side
@@ -452,12 +464,16 @@ def main() -> None:
 
 
 def learn(args) -> None:
-    """Every seed's run of every side, one process each, the sides in turn within a seed; the results
-    file is rewritten after each run, so a stopped comparison keeps what it finished."""
+    """Every seed's run of every side, one process each (``--jobs`` at once), seed by seed; the
+    results file is rewritten after each run, so a stopped comparison keeps what it finished."""
+    from concurrent.futures import ThreadPoolExecutor
+    from threading import Lock
+
     from marlkit.api import build_config
     from marlkit.envs.mettagrid import forage_config
     kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
     kwargs.pop("map")
+    tag_planes = kwargs.pop("tags", "scaled") == "planes"   # PufferLib's policy sees the same planes
     pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python, "pufferlib_own": args.pufferlib_python}
     runs: dict[str, list] = {side: [] for side in args.sides}
     out = Path(args.out or harness.RESULTS / f"vs_pufferlib_learn_{args.tag or time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -468,33 +484,39 @@ def learn(args) -> None:
             raise SystemExit(f"{out} holds runs of other settings; give another --tag")
         for side, side_runs in before["runs"].items():
             runs.setdefault(side, []).extend(side_runs)
+    lock = Lock()
+
+    def one(seed: int, side: str, env_config: Path) -> None:
+        cmd = [pythons[side], __file__, "--side", side, "--learn", "--seed", str(seed), "--steps", str(args.steps),
+               "--eval-interval", str(args.eval_interval), "--eval-episodes", str(args.eval_episodes),
+               "--env-config", str(env_config), *(["--pufferlib-channels-last"] * args.pufferlib_channels_last),
+               *(["--tag-planes"] * tag_planes)]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)
+        if done.returncode != 0:
+            raise RuntimeError(f"{side}, seed {seed} failed:\n{done.stderr[-5000:]}")
+        run = {"seed": seed, "process_wall_s": time.perf_counter() - start, "jobs": args.jobs,
+               **json.loads(done.stdout.strip().splitlines()[-1])}
+        with lock:
+            runs[side].append(run)
+            last = run["curve"][-1]
+            print(f"{side} seed {seed}: {last['mean']:.2f} hearts per agent at {last['step']:,} env steps "
+                  f"({last['train_wall_s']:.0f} s of training)", flush=True)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": harness.machine(),
+                                       "steps": args.steps, "eval_interval": args.eval_interval,
+                                       "eval_episodes": args.eval_episodes, "tag_planes": tag_planes,
+                                       "scripted_forager": SCRIPTED_FORAGER, "summary": learn_summary(runs),
+                                       "runs": runs}, indent=2))
+
     with tempfile.TemporaryDirectory() as tmp:
         env_config = Path(tmp) / "mettagrid.json"
         env_config.write_text(forage_config(**kwargs).model_dump_json())
-        for seed in args.seeds:
-            for side in args.sides:
-                if any(run["seed"] == seed for run in runs[side]):
-                    continue
-                cmd = [pythons[side], __file__, "--side", side, "--learn", "--seed", str(seed), "--steps", str(args.steps),
-                       "--eval-interval", str(args.eval_interval), "--eval-episodes", str(args.eval_episodes),
-                       "--env-config", str(env_config), *(["--pufferlib-channels-last"] * args.pufferlib_channels_last)]
-                start = time.perf_counter()
-                done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      cwd=Path(__file__).parent)
-                if done.returncode != 0:
-                    raise RuntimeError(f"{side}, seed {seed} failed:\n{done.stderr[-5000:]}")
-                run = {"seed": seed, "process_wall_s": time.perf_counter() - start,
-                       **json.loads(done.stdout.strip().splitlines()[-1])}
-                runs[side].append(run)
-                last = run["curve"][-1]
-                print(f"{side} seed {seed}: {last['mean']:.2f} hearts per agent at {last['step']:,} env steps "
-                      f"({last['train_wall_s']:.0f} s of training)", flush=True)
-                summary = learn_summary(runs)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": harness.machine(),
-                                           "steps": args.steps, "eval_interval": args.eval_interval,
-                                           "eval_episodes": args.eval_episodes, "scripted_forager": SCRIPTED_FORAGER,
-                                           "summary": summary, "runs": runs}, indent=2))
+        todo = [(seed, side) for seed in args.seeds for side in args.sides
+                if not any(run["seed"] == seed for run in runs[side])]
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for future in [pool.submit(one, seed, side, env_config) for seed, side in todo]:
+                future.result()
     summary = learn_summary(runs)
     harness.table(["side", "seeds", "final hearts per agent (mean, 95% t interval)", "first step at the forager's 2.1"],
                   [[side, v["seeds"], f"{v['final']['mean']:.2f} [{v['final']['low']:.2f}, {v['final']['high']:.2f}]",
