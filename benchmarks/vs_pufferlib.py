@@ -60,6 +60,8 @@ and against training wall time (evaluations left out on both sides); the summary
 the mean and 95% t interval over seeds at every evaluation and the first step whose mean reaches the
 scripted forager's 2.1 hearts per agent. Results go to benchmarks/results/vs_pufferlib_learn_NAME.json,
 rewritten after every run; the same command again keeps the runs that file holds and runs the rest.
+``--plot RESULTS.json --out FIGURE.png`` draws its curves: hearts per agent against env steps and
+against training time, mean and 95% interval over seeds, with the random team and the forager.
 """
 from __future__ import annotations
 
@@ -400,7 +402,10 @@ def main() -> None:
     parser.add_argument("--env-config", help=argparse_hidden())
     parser.add_argument("--tag-planes", action="store_true", help=argparse_hidden())
     parser.add_argument("--jobs", type=int, default=1, help="--learn: runs at once (each on one thread)")
+    parser.add_argument("--plot", type=Path, default=None, help="draw a --learn results file (to --out)")
     args = harness.parse_args(parser)
+    if args.plot:
+        return plot(args.plot, args.out or Path("vs_pufferlib_learn.png"))
     if args.side:
         # a measurement process: its result as the last line of its output, then out at once, past
         # threads that would keep it alive (PuffeRL's utilisation monitor, also after an error)
@@ -545,6 +550,37 @@ def learn_summary(runs: dict[str, list]) -> dict:
         reach = next((c["step"] for c in curve if c["mean"] >= SCRIPTED_FORAGER), None)
         out[side] = {"seeds": len(side_runs), "curve": curve, "final": curve[-1], "reaches_forager": reach}
     return out
+
+
+LABELS = {"marlkit": "marlkit MAPPO (packaged YAML)", "pufferlib": "PuffeRL, marlkit's settings",
+          "pufferlib_own": "PuffeRL, its own settings for mettagrid"}
+
+
+def plot(results: Path, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(results.read_text())
+    random = statistics.fmean(r["random"] for r in data["runs"].get("marlkit", [])) if data["runs"].get("marlkit") else None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, x, label in ((axes[0], "step", "env steps"), (axes[1], "train_wall_s", "training wall time (s)")):
+        for side, summary in data["summary"].items():
+            xs = [c[x] for c in summary["curve"]]
+            ax.plot(xs, [c["mean"] for c in summary["curve"]], label=f"{LABELS[side]} ({summary['seeds']} seeds)")
+            ax.fill_between(xs, [c["low"] for c in summary["curve"]], [c["high"] for c in summary["curve"]], alpha=0.2)
+        ax.axhline(data["scripted_forager"], color="k", linestyle="--", label="scripted forager")
+        if random is not None:
+            ax.axhline(random, color="grey", linestyle=":", label="random team")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("hearts per agent (evaluation, 32 games)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("mettagrid forage: marlkit against PuffeRL, the same networks and observations")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    print(f"written {out}")
 
 
 def argparse_hidden():
