@@ -35,34 +35,9 @@ import harness
 HERE = Path(__file__).resolve().parents[1]
 
 
-class DictsOnly:
-    """An env in arrays seen only through PettingZoo's dict API."""
-
-    def __init__(self, env):
-        self.env = env
-        self.possible_agents = env.possible_agents
-        self.observation_space, self.action_space = env.observation_space, env.action_space
-        self.metadata = getattr(env, "metadata", {})
-
-    @property
-    def agents(self):
-        return self.env.agents
-
-    def reset(self, seed=None, options=None):
-        return self.env.reset(seed=seed)
-
-    def step(self, actions):
-        return self.env.step(actions)
-
-    def render(self):
-        return None
-
-    def close(self):
-        self.env.close()
-
-
-def dicts_of(inner: str, **kwargs) -> DictsOnly:
+def dicts_of(inner: str, **kwargs):
     """``env.factory`` for ``--dicts``: ``inner``'s env behind its dict API alone."""
+    from marlkit.envs.array_env import DictsOnly
     from marlkit.envs.pettingzoo import import_factory
     return DictsOnly(import_factory(inner)(**kwargs))
 

@@ -7,7 +7,7 @@ import pytest
 from gymnasium import spaces
 
 from marlkit.config import ConfigError
-from marlkit.envs.array_env import AgentRows, ArrayParallelEnv
+from marlkit.envs.array_env import AgentRows, ArrayParallelEnv, DictsOnly
 from marlkit.envs.core import EnvAPIError
 from marlkit.envs.pettingzoo import PettingZooEnv
 
@@ -53,28 +53,6 @@ class Gridlike(ArrayParallelEnv):
         return self._observation(), reward, terminated, np.zeros(4, bool), self._info()
 
 
-class DictOnly:
-    """The same env seen only through PettingZoo's per-agent dicts, as any ParallelEnv is read."""
-
-    def __init__(self, env):
-        self.env = env
-        self.possible_agents = env.possible_agents
-        self.observation_space, self.action_space = env.observation_space, env.action_space
-
-    @property
-    def agents(self):
-        return self.env.agents
-
-    def reset(self, seed=None, options=None):
-        return self.env.reset(seed=seed)
-
-    def step(self, actions):
-        return self.env.step(actions)
-
-    def close(self):
-        pass
-
-
 GROUPS = {"red": ["red_*"], "blue": ["blue_*"]}
 
 
@@ -104,7 +82,7 @@ def test_groups_rows_are_slices_where_consecutive_and_indices_where_not():
 @pytest.mark.parametrize("max_episode_steps", [None, 4])
 def test_arrays_and_dicts_give_the_same_steps_deaths_masks_and_time_limit(max_episode_steps):
     arrays = PettingZooEnv(Gridlike(), groups=GROUPS, max_episode_steps=max_episode_steps)
-    dicts = PettingZooEnv(DictOnly(Gridlike()), groups=GROUPS, max_episode_steps=max_episode_steps)
+    dicts = PettingZooEnv(DictsOnly(Gridlike()), groups=GROUPS, max_episode_steps=max_episode_steps)
     assert arrays._rows is not None and dicts._rows is None
     assert list(arrays.spec.groups) == ["red", "blue"] and arrays.spec.state_shape == (24,)
     assert_same(arrays.reset(seed=7), dicts.reset(seed=7))
@@ -173,7 +151,7 @@ def test_the_real_mettagrid_game_gives_the_same_steps_through_arrays_and_dicts()
     pytest.importorskip("mettagrid")
     from marlkit.envs.mettagrid import parallel_env
     small = {"num_agents": 3, "width": 10, "height": 10, "hearts": 6, "walls": 4, "max_steps": 12}
-    arrays, dicts = PettingZooEnv(parallel_env(**small)), PettingZooEnv(DictOnly(parallel_env(**small)))
+    arrays, dicts = PettingZooEnv(parallel_env(**small)), PettingZooEnv(DictsOnly(parallel_env(**small)))
     assert arrays._rows is not None
     rng = np.random.default_rng(3)
     for episode in range(2):

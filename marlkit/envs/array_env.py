@@ -65,6 +65,34 @@ class ArrayParallelEnv:
                 for a in agents}
 
 
+
+class DictsOnly:
+    """An env in arrays seen through PettingZoo's per-agent dicts alone, as any ParallelEnv is read
+    (agent by agent): to tell the array path from the dict path, or to read an env's refusals in
+    the per-agent checks' words."""
+
+    def __init__(self, env: ArrayParallelEnv):
+        self.env = env
+        self.possible_agents = env.possible_agents
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+        self.metadata = getattr(env, "metadata", {})
+
+    @property
+    def agents(self) -> list[str]:
+        return self.env.agents
+
+    def reset(self, seed: int | None = None, options=None):
+        return self.env.reset(seed=seed)
+
+    def step(self, actions: dict):
+        return self.env.step(actions)
+
+    def render(self):
+        return None
+
+    def close(self) -> None:
+        self.env.close()
+
 class AgentRows:
     """Where each group's agents lie in an ``[A, ...]`` array over a fixed agent order: a slice
     where they are consecutive and in order (views, no copy), else an index array."""
