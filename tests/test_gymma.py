@@ -11,6 +11,7 @@ from gymnasium import spaces
 
 import marlkit
 from marlkit.config import ConfigError
+from marlkit.envs.core import EnvAPIError
 from marlkit.envs.factory import make_env
 from marlkit.envs.gymma import GymmaConfig, GymmaEnv, make_gymma
 from marlkit.envs.vector import EpisodeStatistics, SyncVectorEnv, dumps_state
@@ -197,6 +198,10 @@ def test_alike_agents_read_as_arrays_give_what_they_give_agent_by_agent():
         np.testing.assert_array_equal(a.state, b.state)
     # agent_2 (even's second) ended at step 4, agent_3 (odd's second) was truncated at the limit
     assert pairs[4][0].agent_mask["even"].tolist() == [False, False] and got[3]["odd"].tolist() == [False, True]
+    short = _FourAlike()
+    short._out = lambda: ((np.zeros(3, np.float32),) * 3 + (np.zeros(2, np.float32),), {})
+    with pytest.raises(EnvAPIError, match=r"observations have shapes .*\(2,\)\].*says \(3,\)"):
+        GymmaEnv(short).reset()
 
 
 @pytest.mark.parametrize("env_id", [LBF, RWARE])

@@ -65,7 +65,6 @@ class ArrayParallelEnv:
                 for a in agents}
 
 
-
 class DictsOnly:
     """An env in arrays seen through PettingZoo's per-agent dicts alone, as any ParallelEnv is read
     (agent by agent): to tell the array path from the dict path, or to read an env's refusals in
@@ -92,6 +91,7 @@ class DictsOnly:
 
     def close(self) -> None:
         self.env.close()
+
 
 class AgentRows:
     """Where each group's agents lie in an ``[A, ...]`` array over a fixed agent order: a slice

@@ -189,13 +189,11 @@ class GymmaEnv(MultiAgentEnv):
     def _observe_arrays(self, obs, masks) -> Observation:
         """:meth:`_observe` for agents alike: the observations stacked ``[A, ...]``, then one index per group."""
         shape = self._obs_space[0].shape
-        try:
-            obs = np.stack(obs)
-        except ValueError:
-            obs = None
-        if obs is None or obs.shape[1:] != shape:
+        shapes = {np.shape(o) for o in obs}
+        if shapes != {shape}:
             raise EnvAPIError(f"step {self._t}: the env's observations have shapes {[np.shape(o) for o in obs]}, "
                               f"but the observation space says {shape} for every agent")
+        obs = np.stack(obs)
         out = empty_observation(self.spec)
         live = ~self._done
         if masks is not None and self.spec.groups[self._rows_first].n_actions:
