@@ -5,6 +5,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -473,6 +475,49 @@ def test_a_port_taken_before_the_host_binds_it_is_retried(monkeypatch, caplog):
     # the failed start's engines were killed: their shared memory went with the match's folder (the
     # files of engines that other tests run meanwhile are held by those engines)
     assert shared_memory_leaked(before) == set()
+
+
+HOLDER = """
+import mmap, os, sys, time
+fds = [os.open(path, os.O_CREAT | os.O_RDWR, 0o600) for path in sys.argv[1:]]
+for fd in fds:
+    os.ftruncate(fd, 4096)
+maps = [mmap.mmap(fds[0], 4096)]   # the first file mapped and closed, as a queue once created
+os.close(fds[0])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _hold(*paths: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *paths], stdout=subprocess.PIPE, start_new_session=True)
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def test_closing_a_match_releases_the_queues_a_player_holds_before_its_engine_is_on_record(tmp_path):
+    """A controller creates its two queues before its engine's launcher records the instance id, so a
+    player killed in between leaves them with no id to release (seen as a leak when a failed start
+    was closed at that moment). Closing a match stops each player's group, reads the files its
+    processes hold, mapped or open, kills it and unlinks them; a file held outside the group stays."""
+    name = f"test{os.getpid()}x"
+    ours = [f"/dev/shm/ViZDoomMQCtr{name}", f"/dev/shm/ViZDoomMQDoom{name}"]
+    other = f"/dev/shm/ViZDoomSM{name}other"
+    player, bystander = _hold(*ours), _hold(other)
+    try:
+        match = match_module.DoomMatch(match_module.PlayerSettings(0, 1, 0, "", str(tmp_path)))
+        match.pgids = [player.pid]
+        match.close(grace=0.0)
+        assert player.wait(5) == -signal.SIGKILL
+        assert [os.path.exists(p) for p in ours] == [False, False]
+        assert os.path.exists(other) and bystander.poll() is None
+    finally:
+        for proc in (player, bystander):
+            proc.kill()
+            proc.wait()
+        for path in [*ours, other]:
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_engine_files_never_land_in_the_current_directory(tmp_path, monkeypatch):

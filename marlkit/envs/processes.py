@@ -77,6 +77,28 @@ def kill_group(pgid: int) -> None:
         pass
 
 
+def pause_group(pgid: int) -> list[int]:
+    """Stop every process of group ``pgid`` (SIGSTOP: it can start or create nothing more until it
+    is killed); their pids, read from /proc (none without it)."""
+    try:
+        os.killpg(pgid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        return []
+    members = []
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
+                    members.append(pid)
+        except (OSError, IndexError, ValueError):
+            continue
+    return members
+
+
 def _tell(line: str) -> None:
     """One line to the watcher, starting one (told every recorded group) when there is none."""
     global _watcher

@@ -16,7 +16,10 @@ Shared memory. Each engine and its controller talk through three files in ``/dev
 the engine's ``+viz_instance_id``; ViZDoom's controller removes them when it closes its game, but
 not when its process is killed (a failed match, its owner killed), and ``/dev/shm`` keeps them
 until the machine restarts. The launcher writes the engine's instance id into its player's
-folder, and whoever removes the work folder releases those files first (``release``).
+folder, and whoever removes the work folder releases those files first (``release``). A controller
+creates its two message queues before its engine is launched, so a player killed in between has
+written no id: the owner, closing a match, stops what is left of each player, reads the files its
+processes hold (``held``), kills them and unlinks those (``unlink``).
 
 Run as a script, ``python -I -S keeper.py``, so that it imports the standard library alone: a
 process that makes or joins a user namespace must have a single thread, and importing numpy
@@ -101,6 +104,36 @@ def release(work_dir: str) -> None:
                     os.unlink(f"/dev/shm/{prefix}{instance}")
                 except OSError:
                     pass
+
+
+def held(pids: list[int]) -> set[str]:
+    """The engines' shared memory files that processes ``pids`` have open or mapped. The open ones
+    are read before the mapped ones: a file being created is open before it is mapped, and mapped
+    before it is closed, so none is missed however far the process has got."""
+    found = set()
+    for pid in pids:
+        try:
+            links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+        except OSError:
+            links = []
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                links += [line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line]
+        except OSError:
+            pass
+        for link in links:
+            name = link.removesuffix(" (deleted)")
+            if name.startswith("/dev/shm/") and name[len("/dev/shm/"):].startswith(SHARED_MEMORY):
+                found.add(name)
+    return found
+
+
+def unlink(paths: set[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def _remove(work_dir: str) -> None:

@@ -245,8 +245,13 @@ class DoomMatch:
         deadline = time.monotonic() + grace
         for proc in self.procs:
             proc.join(max(0.0, deadline - time.monotonic()))
+        # a player still running may have created its queues without its engine's id on record
+        held = set()
+        for pgid in self.pgids:
+            held |= keeper.held(processes.pause_group(pgid))
         for pgid in self.pgids:
             processes.kill_group(pgid)
+        keeper.unlink(held)
         for proc in self.procs:
             proc.join(1.0)
         for conn in self.conns:
