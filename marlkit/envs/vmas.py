@@ -157,8 +157,8 @@ class VmasVectorEnv(VectorEnv):
     def state_dict(self) -> list[None]:
         return [None] * self.num_envs   # the simulator's tensors are not saved: a resume starts fresh episodes
 
-    def load_state_dict(self, blobs: list) -> None:
-        pass
+    def load_state_dict(self, blobs: list) -> bool:
+        return False
 
     def close(self) -> None:
         self.env = None

@@ -117,14 +117,14 @@ def restore_run_checkpoint(path: Path, cfg: RunConfig, agents: dict[str, Agent],
     saved = pickle.loads(ckpt["runner"])
     with_envs = saved.pop("venv")
     state = TrainState.from_state_dict(saved)
-    if with_envs:
-        venv.load_state_dict(ckpt["venv"])
-    else:
+    if not with_envs or not venv.load_state_dict(ckpt["venv"]):
         # a rollout saved beside the last update keeps the observation it ended at, to value its tail
         state.obs = venv.reset(seed=cfg.seed * 10_000 + state.steps)
         state.hidden = {g: a.initial_hidden(venv.num_envs) for g, a in agents.items()}
-        tqdm.write("resume: this env is not known to come back exactly from a checkpoint (env.exact_resume "
-                   "is false), so it starts fresh episodes; agents, optimisers and counters continue "
+        why = ("the envs' saved state was written by another version of marlkit or of the env's library and "
+               "does not fit this one" if with_envs else
+               "this env is not known to come back exactly from a checkpoint (env.exact_resume is false)")
+        tqdm.write(f"resume: {why}, so it starts fresh episodes; agents, optimisers and counters continue "
                    "exactly, the env trajectory does not")
     rng = ckpt["rng"]
     random.setstate(rng["python"])

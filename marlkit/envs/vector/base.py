@@ -66,8 +66,9 @@ class VectorEnv:
         """Every env's state blob (None: it cannot be pickled), in env order."""
         raise NotImplementedError
 
-    def load_state_dict(self, blobs: list[bytes]) -> None:
-        """The inverse of ``state_dict``."""
+    def load_state_dict(self, blobs: list[bytes]) -> bool:
+        """The inverse of ``state_dict``; False where the blobs do not fit today's envs (written by
+        other code), which are then left as they were."""
         raise NotImplementedError
 
     def log_to(self, run_dir) -> None:

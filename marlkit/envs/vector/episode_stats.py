@@ -252,12 +252,16 @@ class EpisodeStatistics:
             self.counter = EpisodeCounter.join(self.workers.hosted_counters())
         return pickle.dumps({"envs": envs, "counter": self.counter.state_dict()})
 
-    def load_state_dict(self, blob: bytes) -> None:
+    def load_state_dict(self, blob: bytes) -> bool:
+        """The envs and the episode counter of ``state_dict``; False, with nothing restored, where
+        the envs' blobs do not fit today's envs."""
         state = pickle.loads(blob)
         if len(state["envs"]) != self.venv.num_envs:
             raise ValueError(f"the saved state holds {len(state['envs'])} envs, this vector env has "
                              f"{self.venv.num_envs}; resume with the same runner.parallels")
-        self.venv.load_state_dict(state["envs"])
+        if not self.venv.load_state_dict(state["envs"]):
+            return False
         self.counter = EpisodeCounter.from_state_dict(state["counter"])
         if self.delegated:
             self.workers.load_hosted_counters([self.counter.rows(first, count) for first, count in self.blocks])
+        return True

@@ -84,8 +84,9 @@ class EnvHost:
     def state_dict(self) -> list:
         return [dumps_state(env) for env in self.envs]
 
-    def load_state_dict(self, blobs: list[bytes]) -> None:
-        self.envs = loads_states(self.envs, blobs)
+    def load_state_dict(self, blobs: list[bytes]) -> bool:
+        self.envs, restored = loads_states(self.envs, blobs)
+        return restored
 
     def close(self) -> None:
         for env in getattr(self, "envs", []):
@@ -344,9 +345,9 @@ class RayVectorEnv(VectorEnv):
                 out += [None] * (self.blocks[w].stop - self.blocks[w].start)
         return out
 
-    def load_state_dict(self, blobs: list[bytes]) -> None:
-        self._get([actor.load_state_dict.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
-                  "restoring env state")
+    def load_state_dict(self, blobs: list[bytes]) -> bool:
+        return all(self._get([actor.load_state_dict.remote(blobs[b]) for actor, b in zip(self.actors, self.blocks)],
+                             "restoring env state"))
 
     def close(self, grace: float | None = None) -> None:
         """Ask the actors to close their envs (at most ``grace`` s, default the step timeout capped

@@ -49,8 +49,33 @@ def dumps_state(obj) -> bytes | None:
     return buffer.getvalue()
 
 
-def loads_states(envs: list, blobs: list[bytes]) -> list:
-    """The envs ``dumps_state`` saved as ``blobs``, in place of ``envs``, which are closed."""
+def _layout(obj, seen: set[int] | None = None, prefix: str = "") -> set[str]:
+    """The attribute names of ``obj`` and of the marlkit objects it holds, as dotted paths."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or not hasattr(obj, "__dict__"):
+        return set()
+    seen.add(id(obj))
+    names = set()
+    for name, value in vars(obj).items():
+        names.add(prefix + name)
+        if type(value).__module__.startswith("marlkit."):
+            names |= _layout(value, seen, f"{prefix}{name}.")
+    return names
+
+
+def loads_states(envs: list, blobs: list[bytes]) -> tuple[list, bool]:
+    """The envs ``dumps_state`` saved as ``blobs`` in place of ``envs``, which are closed, and True;
+    or ``envs`` as they are and False where a blob was written by other code than today's: it no
+    longer unpickles, or its objects lack attributes that a fresh env has (today's code would read an
+    attribute the old object never had, mid-run; attributes set only once an env runs are not asked)."""
+    try:
+        loaded = [pickle.loads(blob) for blob in blobs]
+    except Exception:
+        return envs, False
+    if any(_layout(fresh) - _layout(saved) for saved, fresh in zip(loaded, envs)):
+        for env in loaded:
+            env.close()
+        return envs, False
     for env in envs:
         env.close()
-    return [pickle.loads(blob) for blob in blobs]
+    return loaded, True

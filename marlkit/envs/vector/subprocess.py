@@ -125,10 +125,11 @@ class _Commands:
     def state_dict(self, _) -> list:
         return [dumps_state(env) for env in self.envs]
 
-    def load_state_dict(self, blobs: list) -> None:
-        self.envs = loads_states(self.envs, blobs)
+    def load_state_dict(self, blobs: list) -> bool:
+        self.envs, restored = loads_states(self.envs, blobs)
         if self.local is not None:
             self.local.envs = self.envs
+        return restored
 
     def counter(self, _):
         return self.hosted.counter
@@ -396,9 +397,9 @@ class SubprocVectorEnv(WorkerVectorEnv):
                 blobs[i] = blob
         return blobs
 
-    def load_state_dict(self, blobs: list[bytes]) -> None:
+    def load_state_dict(self, blobs: list[bytes]) -> bool:
         self._broadcast("load_state_dict", per_worker=[[blobs[i] for i in idx] for idx in self.indices])
-        self._gather(range(len(self.conns)), "restoring env state")
+        return all(self._gather(range(len(self.conns)), "restoring env state"))
 
     def hosted_counters(self) -> list:
         self._broadcast("counter")

@@ -66,8 +66,9 @@ class SyncVectorEnv(VectorEnv):
     def state_dict(self) -> list[bytes | None]:
         return [dumps_state(env) for env in self.envs]
 
-    def load_state_dict(self, blobs: list[bytes]) -> None:
-        self.envs = loads_states(self.envs, blobs)
+    def load_state_dict(self, blobs: list[bytes]) -> bool:
+        self.envs, restored = loads_states(self.envs, blobs)
+        return restored
 
     def close(self) -> None:
         for env in self.envs:
