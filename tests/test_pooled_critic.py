@@ -15,7 +15,8 @@ from marlkit.envs.factory import make_env, make_env_vector
 from marlkit.envs.pettingzoo import PettingZooEnv
 from marlkit.errors import ConfigError
 from marlkit.networks.pooled import PooledValueHead
-from marlkit.registry import get_agent
+from marlkit.networks.base import Encoder
+from marlkit.registry import get_agent, register_model
 from marlkit.spec import EnvSpec, GroupSpec
 from mpe2 import simple_spread_v3
 
@@ -303,13 +304,65 @@ def test_critic_encoder_grad_scales_what_the_value_loss_sends_into_the_shared_en
     ({"agents.MAPPO.critic_input": "state"},
      r"agents\.MAPPO\.critic_encoder=actor .* agents\.MAPPO\.critic_input=state; "
      r"set agents\.MAPPO\.critic_input to pooled"),
-    ({"agents.MAPPO.actor": {"name": "gru"}, "agents.MAPPO.critic_input": "pooled"},
-     r"agents\.MAPPO\.critic_encoder=actor needs a feed-forward actor, .*agents\.MAPPO\.actor\.name=gru is recurrent; "
-     r"set agents\.MAPPO\.critic_encoder to own"),
+    ({"agents.MAPPO.actor": {"name": "test_no_trunk"}, "agents.MAPPO.critic_input": "pooled"},
+     r"agents\.MAPPO\.critic_encoder=actor shares the feed-forward trunk of a recurrent actor, and "
+     r"agents\.MAPPO\.actor\.name=test_no_trunk has none .*; set agents\.MAPPO\.critic_encoder to own"),
 ])
 def test_a_critic_on_the_actors_encoder_that_cannot_work_is_refused_naming_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
         build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.critic_encoder": "actor", **overrides})
+
+
+@register_model("test_no_trunk")
+class _RecurrentWithoutTrunk(Encoder):
+    is_recurrent = True
+
+
+def _recurrent_image_agent(critic_encoder: str, n_agents: int = 4):
+    """MAPPO with a gru over a cnn actor on 13x13x5 views and a pooled critic (``critic_encoder``)."""
+    agent_cfg = build_config("MAPPO", "mpe_spread").agents["MAPPO"]
+    agent_cfg.critic_input, agent_cfg.critic_encoder = "pooled", critic_encoder
+    agent_cfg.actor = ModelConfig(name="gru", hidden_sizes=[32], rnn_hidden=32,
+                                  kwargs={"encoder": "cnn", "convs": [[8, 3, 1], [16, 3, 2]]})
+    agent_cfg.critic = ModelConfig(name="cnn", hidden_sizes=[32], kwargs={"convs": [[8, 3, 1], [16, 3, 2]]})
+    group = _group((13, 13, 5), n_agents, np.uint8)
+    return get_agent("MAPPO")(group, EnvSpec({group.name: group}, (5 * n_agents, 13, 13), state_from_obs=True),
+                              agent_cfg, seed=0)
+
+
+def test_a_recurrent_actor_shares_its_trunk_with_the_pooled_critic():
+    """``critic_encoder: actor`` beside a gru over a cnn: no critic encoder is built; the critic
+    reads the cnn's features, so the value loss trains the cnn and never the gru's memory; one
+    pass of the cnn serves both losses, under 0.6 of the arithmetic of a critic cnn of its own;
+    and the values taken while acting (from the acting pass) are those valued afterwards."""
+    shared, own = _recurrent_image_agent("actor"), _recurrent_image_agent("own")
+    assert "critic" not in shared.modules and "critic" in own.modules
+    assert shared.modules["actor"].trunk_dim == shared.modules["actor"].encoder.out_dim == 32
+
+    L, B, A = 6, 4, 4
+    batch = {**_image_batch(A, 0.0), "advantages": torch.zeros(L, B, A)}
+    batch["episode_start"][3, 1] = True
+    batch["hidden"] = torch.randn(L, B, A, 2, 32) * 0.1
+    flops = {}
+    for name, agent in (("shared", shared), ("own", own)):
+        agent.cfg.entropy_coef, agent.cfg.critic_encoder_grad = 0.0, (1.0 if name == "shared" else None)
+        agent.modules.zero_grad(set_to_none=True)
+        with FlopCounterMode(display=False) as counter:
+            loss, info = agent.loss(batch)
+            loss.backward()
+        flops[name] = counter.get_total_flops()
+        assert info["policy_loss"] == 0.0
+    gru = shared.modules["actor"]
+    assert sum(p.grad.abs().sum() for p in gru.encoder.parameters()) > 0
+    assert all(p.grad is None or not p.grad.any() for p in gru.gru.parameters())
+    assert flops["shared"] < 0.6 * flops["own"], flops
+
+    obs = batch["obs"][0].numpy()
+    present = np.ones((B, A), bool)
+    out = shared.act(obs, np.zeros((B, 0), np.float32), present, np.ones((B, A, 4), bool),
+                     shared.initial_hidden(B), explore=True)
+    later = shared.value_of(obs, np.zeros((B, 0), np.float32), present, out.hidden)
+    np.testing.assert_allclose(out.value, later, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("overrides,why,fix", [

@@ -31,8 +31,9 @@ class MAPPOConfig(OnPolicyConfig):
 
     ``critic_encoder`` is what encodes the observations for a pooled critic: ``own``, the
     ``critic`` model; ``actor``, the actor's encoder, one pass serving both, so the critic costs a
-    pool and a small head per agent; ``auto``: ``actor`` where the actor is feed-forward, else
-    ``own``. ``critic_encoder_grad`` scales the value loss's gradient into that shared encoder: 1
+    pool and a small head per agent (a recurrent actor shares its feed-forward trunk, the CNN of a
+    ``gru`` over a ``cnn``: the critic reads the trunk's features, the actor goes on through its
+    memory); ``auto``: ``actor`` where the actor is feed-forward, else ``own``. ``critic_encoder_grad`` scales the value loss's gradient into that shared encoder: 1
     trains it with both losses (PPO with a shared trunk), 0 leaves it to the policy loss (the
     critic reads the actor's features as they are), values between weigh the two; null (default):
     ``SHARED_ENCODER_GRAD``.
@@ -91,9 +92,11 @@ class MAPPO(OnPolicyAgent):
                 raise ConfigError(f"{key}.critic_encoder=actor shares the actor's encoder with a pooled critic, but "
                                   f"{key}.critic_input=state; set {key}.critic_input to pooled (or auto), or "
                                   f"{key}.critic_encoder to own")
-            if get_model(cfg.actor.name).is_recurrent:
-                raise ConfigError(f"{key}.critic_encoder=actor needs a feed-forward actor, and {key}.actor.name="
-                                  f"{cfg.actor.name} is recurrent; set {key}.critic_encoder to own")
+            actor = get_model(cfg.actor.name)
+            if actor.is_recurrent and not hasattr(actor, "trunk"):
+                raise ConfigError(f"{key}.critic_encoder=actor shares the feed-forward trunk of a recurrent actor, and "
+                                  f"{key}.actor.name={cfg.actor.name} has none (a trunk() method, as gru's); set "
+                                  f"{key}.critic_encoder to own")
 
     @classmethod
     def _no_shared_encoder(cls, cfg, key: str) -> tuple[str, str] | None:
@@ -120,7 +123,7 @@ class MAPPO(OnPolicyAgent):
         critic = None if self.shares_encoder else self.critic_encoder()   # drawn before the head, as always
         head = self.actor.head(actor)
         if critic is None:
-            return {"actor": actor, "actor_head": head, "critic_head": self.pooled_head(actor.out_dim)}
+            return {"actor": actor, "actor_head": head, "critic_head": self.pooled_head(actor.trunk_dim)}
         return {"actor": actor, "actor_head": head, "critic": critic, "critic_head": self.critic_head(critic)}
 
     @property
@@ -159,9 +162,17 @@ class MAPPO(OnPolicyAgent):
         return self.actor_critic_groups(["actor", "actor_head"], ["critic", "critic_head"])
 
     def actor_encodings(self, obs: torch.Tensor, agent_mask: torch.Tensor | None) -> torch.Tensor:
-        """The feed-forward actor's encodings ``[L, B, A, F]`` that a pooled critic on the actor's
-        encoder reads: its value head adds the id itself, so it is not joined after them."""
-        features, _ = self.actor.encode(self.modules["actor"], obs, None, None, present=agent_mask, join_ids=False)
+        """The encodings ``[L, B, A, trunk_dim]`` of the actor's trunk that a pooled critic on the
+        actor's encoder reads (a recurrent actor's memory is not run): its value head adds the id
+        itself, so it is not joined after them."""
+        actor = self.modules["actor"]
+        if actor.is_recurrent:
+            L, B, A = obs.shape[:3]
+            x = obs
+            if self.actor.id_at_input(tuple(obs.shape[3:])):
+                x = torch.cat([obs.float(), self.actor.ids(L, B, obs.device)], -1)
+            return actor.trunk(x.reshape(L, B * A, *x.shape[3:])).reshape(L, B, A, -1)
+        features, _ = self.actor.encode(actor, obs, None, None, present=agent_mask, join_ids=False)
         return features
 
     def _value_grad_scaled(self, features: torch.Tensor) -> torch.Tensor:
@@ -178,6 +189,16 @@ class MAPPO(OnPolicyAgent):
 
     def policy(self, obs, state, hidden, episode_start, action_mask, agent_mask=None):
         return self.actor.policy(self.modules, obs, hidden, episode_start, action_mask, agent_mask)
+
+    def sample(self, obs, state, agent_mask, action_mask, hidden, explore: bool, noise):
+        """A recurrent actor whose trunk the critic shares values while it acts, from the same pass
+        of the trunk (its memory steps online, so values are taken there, not in a second pass)."""
+        if not (self.shares_encoder and self.recurrent):
+            return super().sample(obs, state, agent_mask, action_mask, hidden, explore, noise)
+        features, trunk, hidden = self.actor.encode_trunk(self.modules["actor"], obs, hidden, None, agent_mask)
+        dist = self.modules["actor_head"](features, action_mask)
+        action = dist.sample(noise) if explore else dist.mode()
+        return action, dist.log_prob(action), hidden, self.modules["critic_head"](trunk, agent_mask)
 
     def values(self, obs, state, hidden, episode_start, agent_mask=None):
         """The state ``[L, B, *state_shape]`` is encoded once per env step (an ``mlp`` critic on
@@ -209,9 +230,11 @@ class MAPPO(OnPolicyAgent):
     def loss(self, batch):
         if not self.shares_encoder:
             return super().loss(batch)
-        # one pass of the encoder serves both losses
+        # one pass of the encoder (a recurrent actor's trunk) serves both losses
         action_mask = batch["action_mask"] if self.group.n_actions else None
-        features = self.actor_encodings(batch["obs"], batch["agent_mask"])
-        dist = self.modules["actor_head"](self.actor.join_ids(features, self.group.obs_shape, True), action_mask)
-        value = self.modules["critic_head"](self._value_grad_scaled(features), batch["agent_mask"])
+        h_actor = self.split_hidden(batch["hidden"][0])[0] if "hidden" in batch else None
+        features, trunk, _ = self.actor.encode_trunk(self.modules["actor"], batch["obs"], h_actor,
+                                                     batch["episode_start"], batch["agent_mask"])
+        dist = self.modules["actor_head"](features, action_mask)
+        value = self.modules["critic_head"](self._value_grad_scaled(trunk), batch["agent_mask"])
         return self.ppo_loss(batch, dist.log_prob(batch["actions"]), dist.entropy, lambda: value)

@@ -99,6 +99,26 @@ class SharedActor:
         h = h.reshape(B, A, -1) if h is not None else None
         return self.join_ids(features.reshape(L, B, A, -1), shape, ids and join_ids), h
 
+    def encode_trunk(self, encoder: nn.Module, x: torch.Tensor, hidden, episode_start,
+                     present: torch.Tensor | None = None):
+        """Per-agent inputs ``[L, B, A, ...]`` -> (the actor's features ``[L, B, A, F]``, the id
+        joined after them where it joins there; the features of the encoder's feed-forward trunk
+        ``[L, B, A, trunk_dim]``, without that id, for a critic that shares it; hidden ``[B, A, H]``
+        or None). A feed-forward encoder is all trunk; a recurrent one's trunk runs once for both."""
+        shape = tuple(x.shape[3:])
+        if not encoder.is_recurrent:
+            trunk, _ = self.encode(encoder, x, None, None, present=present, join_ids=False)
+            return self.join_ids(trunk, shape, True), trunk, None
+        L, B, A = x.shape[:3]
+        if self.id_at_input(shape):
+            x = torch.cat([x.float(), self.ids(L, B, x.device)], -1)
+        z = encoder.trunk(x.reshape(L, B * A, *x.shape[3:]))
+        h = hidden.reshape(B * A, -1) if hidden is not None else None
+        starts = episode_start.reshape(L, B * A) if episode_start is not None else None
+        features, h = encoder.recur(z, h, starts)
+        return (self.join_ids(features.reshape(L, B, A, -1), shape, True), z.reshape(L, B, A, -1),
+                h.reshape(B, A, -1))
+
     def join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``id_width_after``)."""
         if ids and self.id_width_after(shape):

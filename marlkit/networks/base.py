@@ -46,6 +46,13 @@ class Encoder(nn.Module):
     update_bound = False
     out_dim: int
 
+    @property
+    def trunk_dim(self) -> int:
+        """The width of the features a critic reads when it shares this encoder (MAPPO's
+        ``critic_encoder: actor``): a feed-forward encoder's output; a recurrent one's feed-forward
+        trunk, where it has one (``trunk``)."""
+        return self.out_dim
+
     @classmethod
     def bounds_the_update(cls, cfg) -> bool:
         """Whether this model, built with ``cfg`` (a ModelConfig), has ``update_bound`` parts."""

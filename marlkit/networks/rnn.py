@@ -19,7 +19,9 @@ class GRU(Encoder):
 
     The encoder is MLP layers (inputs flattened) by default, or any feed-forward registered model
     named by ``kwargs.encoder`` (``cnn`` for pixels: ``{name: gru, kwargs: {encoder: cnn}}``), built
-    with the same settings and the other kwargs.
+    with the same settings and the other kwargs. It is the model's feed-forward trunk (``trunk``,
+    ``trunk_dim`` wide), which a critic may read too (MAPPO's ``critic_encoder: actor``); ``recur``
+    runs the GRU over its features.
     """
 
     is_recurrent = True
@@ -55,20 +57,33 @@ class GRU(Encoder):
                 nn.init.zeros_(param)
         self.norm = nn.LayerNorm(cfg.rnn_hidden) if cfg.layer_norm else nn.Identity()
         self.hidden_size = self.out_dim = cfg.rnn_hidden
+        self._trunk_width = width
 
-    def forward(self, x, hidden=None, episode_start=None, copies: int = 0):
-        """``copies=n``: the input ``[L, B, ...]`` is read by ``n`` memories each (hidden ``[B * n, H]``,
-        ``episode_start`` ``[L, B * n]``), encoded once -> features ``[L, B, n, H]``."""
+    @property
+    def trunk_dim(self) -> int:
+        return self._trunk_width
+
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward part: inputs ``[L, B, ...]`` -> features ``[L, B, trunk_dim]``."""
         length, batch = x.shape[:2]
         if self.flat:
             z = self.mlp(as_float(x.reshape(length * batch, -1)))
         else:
             z = self.encoder.encode(x.reshape(length * batch, *x.shape[2:]))
-        z = z.reshape(length, batch, -1)
+        return z.reshape(length, batch, -1)
+
+    def forward(self, x, hidden=None, episode_start=None, copies: int = 0):
+        """``copies=n``: the input ``[L, B, ...]`` is read by ``n`` memories each (hidden ``[B * n, H]``,
+        ``episode_start`` ``[L, B * n]``), encoded once -> features ``[L, B, n, H]``."""
+        return self.recur(self.trunk(x), hidden, episode_start, copies)
+
+    def recur(self, z: torch.Tensor, hidden=None, episode_start=None, copies: int = 0):
+        """The GRU over the trunk's features ``z`` ``[L, B, trunk_dim]`` (see ``forward``)."""
+        length, batch = z.shape[:2]
         if copies:
             z = z.unsqueeze(2).expand(-1, -1, copies, -1).reshape(length, batch * copies, -1)
             batch *= copies
-        h = torch.zeros(batch, self.hidden_size, device=x.device) if hidden is None else hidden
+        h = torch.zeros(batch, self.hidden_size, device=z.device) if hidden is None else hidden
         # one GRU call over each stretch of steps in which no episode starts: the memory resets only
         # where one does (a start at the first step is the caller's, in ``hidden``)
         starts = [] if episode_start is None else (torch.nonzero(episode_start[1:].any(-1)).flatten() + 1).tolist()
