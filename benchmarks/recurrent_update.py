@@ -1,11 +1,17 @@
-"""The update of a recurrent actor: its GRU over each stretch of steps with no episode start in one
-call (marlkit's ``gru``), against one call per step (how it ran before), in real training runs
-that take turns, in one process.
+"""The update of a recurrent actor, in real training runs that take turns, in one process, in three
+forms:
+
+- ``per_step``: one GRU call per step, the pooled critic with a CNN of its own (how it ran before);
+- ``per_stretch``: the GRU over each stretch of steps with no episode start in one call (marlkit's
+  ``gru``), the critic's CNN still its own;
+- ``shared_trunk``: per stretch, and the pooled critic reading the actor's CNN trunk
+  (``critic_encoder: actor``): one CNN pass serves both losses (workloads with a pooled critic).
 
 Each run is the packaged YAML's MAPPO with a ``gru`` actor, for a few rollouts of the real env, with
-collection and update taking turns (no double buffering); only ``agent.update`` is timed. Both
-forms run the same seed, so their episode returns show that learning is unchanged (the update's
-numbers differ by float rounding only, and acting does not go through the stretch code).
+collection and update taking turns (no double buffering); only ``agent.update`` is timed. Every
+form runs the same seed; the first two give the same numbers to float rounding (acting does not go
+through the stretch code), so their episode returns agree; the shared trunk is another network,
+whose learning curve is measured in full by ``benchmarks/vs_pufferlib.py --learn``.
 
 - ``mettagrid``: the packaged mettagrid (a gru over a cnn, 32-step chunks of 128-step rollouts of
   16 envs);
@@ -13,8 +19,8 @@ numbers differ by float rounding only, and acting does not go through the stretc
   32-step chunks of 128-step rollouts of 4 envs);
 - ``mpe_spread_gru``: mpe_spread with a gru actor and critic (25-step rollouts, whole episodes).
 
-    python benchmarks/recurrent_update.py                          # every workload, 3 pairs each
-    python benchmarks/recurrent_update.py --workloads mettagrid --pairs 5 --out benchmarks/results/recurrent_update.json
+    python benchmarks/recurrent_update.py                          # every workload, 3 rounds each
+    python benchmarks/recurrent_update.py --workloads mettagrid --rounds 5 --out benchmarks/results/recurrent_update.json
 """
 from __future__ import annotations
 
@@ -36,11 +42,11 @@ from marlkit.networks.rnn import GRU
 GRU_ACTOR = {"name": "gru", "hidden_sizes": [256], "rnn_hidden": 256,
              "kwargs": {"encoder": "cnn", "channels": [16, 32, 32]}}
 WORKLOADS = {
-    # name: (env, rollouts per run, overrides)
-    "mettagrid": ("mettagrid", 4, {}),
-    "doom_coop_gru": ("doom_coop", 4, {"agents.MAPPO.actor": GRU_ACTOR, "agents.MAPPO.chunk_length": 32}),
+    # name: (env, rollouts per run, overrides, whether the critic pools the observations)
+    "mettagrid": ("mettagrid", 4, {}, True),
+    "doom_coop_gru": ("doom_coop", 4, {"agents.MAPPO.actor": GRU_ACTOR, "agents.MAPPO.chunk_length": 32}, False),
     "mpe_spread_gru": ("mpe_spread", 40, {"agents.MAPPO.actor": {"name": "gru"},
-                                          "agents.MAPPO.critic": {"name": "gru"}}),
+                                          "agents.MAPPO.critic": {"name": "gru"}}, False),
 }
 
 
@@ -91,39 +97,45 @@ def train(env: str, rollouts: int, overrides: dict, forward) -> tuple[list[float
     return seconds[1:], returns   # the first update allocates
 
 
-def measure(name: str, pairs: int) -> dict:
-    env, rollouts, overrides = WORKLOADS[name]
-    times = {"per_step": [], "per_stretch": []}
+def measure(name: str, rounds: int) -> dict:
+    env, rollouts, overrides, pooled = WORKLOADS[name]
+    own = {"agents.MAPPO.critic_encoder": "own"} if pooled else {}
+    forms = {"per_step": (stepwise, own), "per_stretch": (GRU.forward, own)}
+    if pooled:
+        forms["shared_trunk"] = (GRU.forward, {"agents.MAPPO.critic_encoder": "actor"})
+    times = {label: [] for label in forms}
     returns = {}
-    for _ in range(pairs):
-        for label, forward in (("per_step", stepwise), ("per_stretch", GRU.forward)):
-            seconds, returns[label] = train(env, rollouts, overrides, forward)
+    for _ in range(rounds):
+        for label, (forward, critic) in forms.items():
+            seconds, returns[label] = train(env, rollouts, {**overrides, **critic}, forward)
             times[label].append(float(np.median(seconds)))
-    ratios = [a / b for a, b in zip(times["per_stretch"], times["per_step"])]
+    ratios = {label: [a / b for a, b in zip(times[label], times["per_step"])] for label in forms if label != "per_step"}
     return {"workload": name, "env": env, "rollouts_per_run": rollouts, "overrides": overrides,
-            "update_s_per_step_median": float(np.median(times["per_step"])),
-            "update_s_per_stretch_median": float(np.median(times["per_stretch"])),
-            "ratio_per_stretch_over_per_step": {"min": min(ratios), "median": float(np.median(ratios)),
-                                                "max": max(ratios)},
+            **{f"update_s_{label}_median": float(np.median(t)) for label, t in times.items()},
+            **{f"ratio_{label}_over_per_step": {"min": min(r), "median": float(np.median(r)), "max": max(r)}
+               for label, r in ratios.items()},
             "episode_return_mean": {k: float(np.mean(v)) if v else None for k, v in returns.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--pairs", type=int, default=3, help="runs of each kind, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each form, the forms in turn")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     rows = []
     for name in args.workloads:
-        row = measure(name, args.pairs)
+        row = measure(name, args.rounds)
         rows.append(row)
-        r = row["ratio_per_stretch_over_per_step"]
-        print(f"{name}: update {row['update_s_per_step_median']:.3f} s with a GRU call per step, "
-              f"{row['update_s_per_stretch_median']:.3f} s per stretch: {r['median']:.2f}x "
-              f"({r['min']:.2f}-{r['max']:.2f} over {args.pairs} pairs)", flush=True)
+        line = f"{name}: update {row['update_s_per_step_median']:.3f} s with a GRU call per step"
+        for label in ("per_stretch", "shared_trunk"):
+            if f"ratio_{label}_over_per_step" in row:
+                r = row[f"ratio_{label}_over_per_step"]
+                line += (f"; {label} {row[f'update_s_{label}_median']:.3f} s: {r['median']:.2f}x "
+                         f"({r['min']:.2f}-{r['max']:.2f} over {args.rounds} rounds)")
+        print(line, flush=True)
     if args.out:
         args.out.write_text(json.dumps({"machine": platform.processor() or platform.machine(),
                                         "threads": args.threads, "rows": rows}, indent=2))

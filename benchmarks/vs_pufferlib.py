@@ -26,8 +26,9 @@ Both sides run in one process with one torch thread, the envs stepped in that pr
   policy turns tokens into the same images (a scatter in torch, per forward pass), then the same
   networks as marlkit's: actor = CNN 16/32/32 (3x3 stride 1, 2, 1) -> 128 -> GRU 128 -> LayerNorm
   -> 5 logits (a GRUCell while acting, as PufferLib's LSTMWrapper, the whole GRU over a segment in
-  training); critic = the same CNN of its own -> 128 -> 128 -> value (marlkit's pooled critic's
-  hidden layer reads the agent's and the group's mean features, 256 wide). PuffeRL's defaults
+  training); critic = the actor's CNN features where marlkit's YAML shares them
+  (``critic_encoder: actor``), else the same CNN of its own, -> 128 -> 128 -> value (marlkit's
+  pooled critic's hidden layer reads the agent's and the group's mean features, 256 wide). PuffeRL's defaults
   except: batch 8,192 agent steps (= 2,048 env steps), bptt_horizon 32 (marlkit's chunk_length),
   4 epochs of 2,048-sample minibatches, lr 5e-4, the YAML's gamma, lambda, clips, entropy and
   value weights, max_grad_norm, no prioritised replay (prio_alpha 0), V-trace clips 1 (plain GAE),
@@ -138,10 +139,11 @@ def _parameters(checkpoint) -> int:
 
 # ---------------------------------------------------------------- PufferLib's side (PufferLib's venv)
 
-def pufferlib_parts(env_config: str, channels_last: bool, tag_planes: bool):
+def pufferlib_parts(env_config: str, channels_last: bool, tag_planes: bool, shared_trunk: bool):
     """PufferLib's side of the game: (Policy class, make_env for its vector env, its MettaGridConfig).
     ``tag_planes``: the policy's images have a channel per object tag too, as marlkit's YAML's
-    (``env.kwargs.tags: planes``)."""
+    (``env.kwargs.tags: planes``); ``shared_trunk``: the value reads the actor's CNN features, as
+    marlkit's critic does with ``critic_encoder: actor`` (and PufferLib's own policies do)."""
     import pufferlib.pytorch
     import torch
     from mettagrid.config.mettagrid_config import MettaGridConfig
@@ -203,7 +205,8 @@ def pufferlib_parts(env_config: str, channels_last: bool, tag_planes: bool):
         def __init__(self):
             super().__init__()
             self.hidden_size = WIDTH
-            self.actor_encoder, self.critic_encoder = cnn(), cnn()
+            self.actor_encoder = cnn()
+            self.critic_encoder = None if shared_trunk else cnn()
             self.gru = nn.GRU(WIDTH, WIDTH)
             self.cell = nn.GRUCell(WIDTH, WIDTH)
             self.cell.weight_ih, self.cell.weight_hh = self.gru.weight_ih_l0, self.gru.weight_hh_l0
@@ -215,19 +218,24 @@ def pufferlib_parts(env_config: str, channels_last: bool, tag_planes: bool):
             self.value = nn.Sequential(pufferlib.pytorch.layer_init(nn.Linear(WIDTH, WIDTH)), nn.ReLU(),
                                        pufferlib.pytorch.layer_init(nn.Linear(WIDTH, 1), std=1))
 
+        def critic_features(self, x, z):
+            return z if self.critic_encoder is None else self.critic_encoder(x)
+
         def forward_eval(self, observations, state):
             x = images(observations)
-            h = self.cell(self.actor_encoder(x), state["lstm_h"])
+            z = self.actor_encoder(x)
+            h = self.cell(z, state["lstm_h"])
             state["lstm_h"] = h
-            return self.logits(self.norm(h)), self.value(self.critic_encoder(x))
+            return self.logits(self.norm(h)), self.value(self.critic_features(x, z))
 
         def forward(self, observations, state):
             b, t = observations.shape[:2]
             x = images(observations.reshape(b * t, *observations.shape[2:]))
-            z = self.actor_encoder(x).view(b, t, WIDTH).transpose(0, 1)
-            h, _ = self.gru(z, None if state["lstm_h"] is None else state["lstm_h"].unsqueeze(0))
+            z = self.actor_encoder(x)
+            h, _ = self.gru(z.view(b, t, WIDTH).transpose(0, 1),
+                            None if state["lstm_h"] is None else state["lstm_h"].unsqueeze(0))
             h = h.transpose(0, 1).reshape(b * t, WIDTH)
-            return self.logits(self.norm(h)), self.value(self.critic_encoder(x)).view(b, t)
+            return self.logits(self.norm(h)), self.value(self.critic_features(x, z)).view(b, t)
 
     def make_env(buf=None, seed=0):
         return MettaGridPufferEnv(Simulator(), cfg, buf=buf, seed=seed)
@@ -249,13 +257,13 @@ def pufferlib_config(seed: int, **changes) -> dict:
         "total_timesteps": 10 ** 12, "checkpoint_interval": 10 ** 9, "data_dir": tempfile.mkdtemp(), **changes}
 
 
-def pufferlib_side(updates: int, env_config: str, channels_last: bool, tag_planes: bool) -> dict:
+def pufferlib_side(updates: int, env_config: str, channels_last: bool, tag_planes: bool, shared_trunk: bool) -> dict:
     import pufferlib.vector
     import torch
     from pufferlib import pufferl
 
     torch.set_num_threads(1)
-    Policy, make_env, _ = pufferlib_parts(env_config, channels_last, tag_planes)
+    Policy, make_env, _ = pufferlib_parts(env_config, channels_last, tag_planes, shared_trunk)
     config = pufferlib_config(seed=1)
     start_wall, start_cpu = time.perf_counter(), cpu_seconds()
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS)
@@ -310,7 +318,8 @@ def pufferlib_own_settings(steps: int) -> dict:
             "vtrace_c_clip": 1.0, "vtrace_rho_clip": 1.0, "anneal_lr": True, "total_timesteps": steps * AGENTS}
 
 
-def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, seed: int, steps: int, eval_interval: int,
+def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shared_trunk: bool, seed: int, steps: int,
+                    eval_interval: int,
                     eval_episodes: int, own_settings: bool) -> dict:
     """PuffeRL trained ``steps`` env steps; every ``eval_interval`` its policy plays ``eval_episodes``
     games of its own (sampled actions, as marlkit evaluates), scored as hearts per agent."""
@@ -321,7 +330,7 @@ def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, seed
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes)
+    Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes, shared_trunk)
     config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}))
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
     policy = Policy()
@@ -366,7 +375,7 @@ def run_side(side: str, python: str, args, env_config: str, log: Path) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cmd = [python, __file__, "--side", side, "--updates", str(args.updates), "--env-config", env_config,
            *(["--pufferlib-channels-last"] if args.pufferlib_channels_last else []),
-           *(["--tag-planes"] if args.tag_planes else [])]
+           *(["--tag-planes"] if args.tag_planes else []), *(["--shared-trunk"] if args.shared_trunk else [])]
     with open(log, "a") as f:
         done = subprocess.run(cmd, check=False, stdout=subprocess.PIPE, stderr=f, text=True, cwd=Path(__file__).parent)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -378,6 +387,17 @@ def run_side(side: str, python: str, args, env_config: str, log: Path) -> dict:
     sample["env_steps_per_wall_s"] = sample["env_steps"] / sample["wall_s"]
     sample["env_steps_per_process_cpu_s"] = sample["env_steps"] / sample["process_cpu_s"]
     return sample
+
+
+def yaml_choices() -> tuple[dict, bool, bool]:
+    """What PufferLib's side takes from marlkit's YAML: the game's settings (for ``forage_config``),
+    whether views have a plane per tag, and whether the critic reads the actor's CNN trunk."""
+    from marlkit.api import build_config
+    cfg = build_config("MAPPO", ENV)
+    kwargs = dict(cfg.env.kwargs)
+    kwargs.pop("map")
+    tag_planes = kwargs.pop("tags", "scaled") == "planes"
+    return kwargs, tag_planes, cfg.agents["MAPPO"].critic_encoder == "actor"
 
 
 def spread(values: list[float]) -> dict:
@@ -401,6 +421,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help=argparse_hidden())
     parser.add_argument("--env-config", help=argparse_hidden())
     parser.add_argument("--tag-planes", action="store_true", help=argparse_hidden())
+    parser.add_argument("--shared-trunk", action="store_true", help=argparse_hidden())
     parser.add_argument("--jobs", type=int, default=1, help="--learn: runs at once (each on one thread)")
     parser.add_argument("--plot", type=Path, default=None, help="draw a --learn results file (to --out)")
     args = harness.parse_args(parser)
@@ -413,11 +434,12 @@ def main() -> None:
             if args.learn and args.side == "marlkit":
                 sample = marlkit_learn(args.seed, args.steps, args.eval_interval, args.eval_episodes)
             elif args.learn:
-                sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.tag_planes, args.seed, args.steps,
-                                         args.eval_interval, args.eval_episodes, args.side == "pufferlib_own")
+                sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.tag_planes, args.shared_trunk,
+                                         args.seed, args.steps, args.eval_interval, args.eval_episodes,
+                                         args.side == "pufferlib_own")
             else:
                 sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
-                    args.updates, args.env_config, args.pufferlib_channels_last, args.tag_planes)
+                    args.updates, args.env_config, args.pufferlib_channels_last, args.tag_planes, args.shared_trunk)
             print(json.dumps(sample), flush=True)
         except Exception:
             log.exception("the %s side failed", args.side)   # its traceback, to stderr
@@ -429,11 +451,8 @@ def main() -> None:
     if args.learn:
         return learn(args)
 
-    from marlkit.api import build_config
     from marlkit.envs.mettagrid import forage_config
-    kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
-    kwargs.pop("map")
-    args.tag_planes = kwargs.pop("tags", "scaled") == "planes"   # PufferLib's policy sees the same planes
+    kwargs, args.tag_planes, args.shared_trunk = yaml_choices()
     pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python}
     with tempfile.TemporaryDirectory() as tmp:
         env_config = Path(tmp) / "mettagrid.json"   # the very game marlkit plays, for PufferLib's side
@@ -474,11 +493,8 @@ def learn(args) -> None:
     from concurrent.futures import ThreadPoolExecutor
     from threading import Lock
 
-    from marlkit.api import build_config
     from marlkit.envs.mettagrid import forage_config
-    kwargs = dict(build_config("MAPPO", ENV).env.kwargs)
-    kwargs.pop("map")
-    tag_planes = kwargs.pop("tags", "scaled") == "planes"   # PufferLib's policy sees the same planes
+    kwargs, tag_planes, shared_trunk = yaml_choices()
     pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python, "pufferlib_own": args.pufferlib_python}
     runs: dict[str, list] = {side: [] for side in args.sides}
     out = Path(args.out or harness.RESULTS / f"vs_pufferlib_learn_{args.tag or time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -495,7 +511,7 @@ def learn(args) -> None:
         cmd = [pythons[side], __file__, "--side", side, "--learn", "--seed", str(seed), "--steps", str(args.steps),
                "--eval-interval", str(args.eval_interval), "--eval-episodes", str(args.eval_episodes),
                "--env-config", str(env_config), *(["--pufferlib-channels-last"] * args.pufferlib_channels_last),
-               *(["--tag-planes"] * tag_planes)]
+               *(["--tag-planes"] * tag_planes), *(["--shared-trunk"] * shared_trunk)]
         start = time.perf_counter()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)
         if done.returncode != 0:
@@ -511,6 +527,7 @@ def learn(args) -> None:
             out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": harness.machine(),
                                        "steps": args.steps, "eval_interval": args.eval_interval,
                                        "eval_episodes": args.eval_episodes, "tag_planes": tag_planes,
+                                       "shared_trunk": shared_trunk,
                                        "scripted_forager": SCRIPTED_FORAGER, "summary": learn_summary(runs),
                                        "runs": runs}, indent=2))
 
