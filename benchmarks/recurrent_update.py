@@ -5,7 +5,8 @@ forms:
 - ``per_stretch``: the GRU over each stretch of steps with no episode start in one call (marlkit's
   ``gru``), the critic's CNN still its own;
 - ``shared_trunk``: per stretch, and the pooled critic reading the actor's CNN trunk
-  (``critic_encoder: actor``): one CNN pass serves both losses (workloads with a pooled critic).
+  (``critic_encoder: actor``): one CNN pass serves both losses (workloads with a pooled critic);
+- ``shared_trunk_bf16``: the same with the update's forward passes in bfloat16 (``precision``).
 
 Each run is the packaged YAML's MAPPO with a ``gru`` actor, for a few rollouts of the real env, with
 collection and update taking turns (no double buffering); only ``agent.update`` is timed. Every
@@ -102,7 +103,10 @@ def measure(name: str, rounds: int) -> dict:
     own = {"agents.MAPPO.critic_encoder": "own"} if pooled else {}
     forms = {"per_step": (stepwise, own), "per_stretch": (GRU.forward, own)}
     if pooled:
-        forms["shared_trunk"] = (GRU.forward, {"agents.MAPPO.critic_encoder": "actor"})
+        forms["shared_trunk"] = (GRU.forward, {"agents.MAPPO.critic_encoder": "actor",
+                                               "agents.MAPPO.precision": "float32"})
+        forms["shared_trunk_bf16"] = (GRU.forward, {"agents.MAPPO.critic_encoder": "actor",
+                                                    "agents.MAPPO.precision": "bfloat16"})
     times = {label: [] for label in forms}
     returns = {}
     for _ in range(rounds):
@@ -130,7 +134,7 @@ def main() -> None:
         row = measure(name, args.rounds)
         rows.append(row)
         line = f"{name}: update {row['update_s_per_step_median']:.3f} s with a GRU call per step"
-        for label in ("per_stretch", "shared_trunk"):
+        for label in ("per_stretch", "shared_trunk", "shared_trunk_bf16"):
             if f"ratio_{label}_over_per_step" in row:
                 r = row[f"ratio_{label}_over_per_step"]
                 line += (f"; {label} {row[f'update_s_{label}_median']:.3f} s: {r['median']:.2f}x "

@@ -103,5 +103,10 @@ class CNN(Encoder):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         if self.channels_last:
             x = x.permute(0, 3, 1, 2)
-        x = as_float(x).contiguous(memory_format=torch.channels_last)
+        # the layout changes before the dtype: moving uint8 pixels is a quarter of moving floats,
+        # and the float conversion keeps the layout (half the time of the other order); under
+        # autocast, pixels go straight to its dtype, which the first convolution would cast them to
+        device = x.device.type
+        pixels = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+        x = as_float(x.contiguous(memory_format=torch.channels_last), pixels)
         return self.head(self.conv(x))
