@@ -30,6 +30,11 @@ Each side's final evaluation (BenchMARL: its last evaluation, 60 episodes; marlk
 final evaluation of 60 episodes) is the mean over agents of each agent's episode return, and its whole
 wall time (imports and start-up included) is measured around the process. Results go to
 benchmarks/results/vs_benchmarl_<algorithm>_<task>.json.
+
+``--simulator`` adds a third process to each seed's turn: torch and VMAS imported, the task built
+as marlkit's YAML builds it, and stepped for the same frames, evaluation included, with random
+actions and nothing learned. It is what any framework pays for this run before it learns: a floor
+under both sides' wall times.
 """
 from __future__ import annotations
 
@@ -146,6 +151,32 @@ def run_marlkit(algorithm: str, task: str, frames: int, seed: int) -> dict:
     return {"final_return": final["mean"]["agents"], "episodes": final.get("episodes"), "wall_s": wall}
 
 
+# run with marlkit's python as ``simulator TASK FRAMES SEED ENVS STEPS``: the floor (see the top)
+SIMULATOR = '''
+import sys, torch, vmas
+from marlkit.api import build_config
+task, frames, seed, envs, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+cfg = build_config("MADDPG", "vmas_" + task).env
+torch.set_num_threads(1)
+for phase_steps in (frames // envs, steps):   # training, then one evaluation of as many episodes as envs
+    env = vmas.make_env(cfg.scenario, num_envs=envs, device="cpu", continuous_actions=True, max_steps=cfg.max_steps,
+                        seed=seed, dict_spaces=False, terminated_truncated=True, clamp_actions=True, **cfg.kwargs)
+    env.reset()
+    for _ in range(phase_steps):
+        _, _, terminated, truncated, _ = env.step([env.get_random_action(agent) for agent in env.agents])
+        done = terminated | truncated
+        for index in done.nonzero().flatten().tolist():
+            env.reset_at(index)
+'''
+
+
+def run_simulator(task: str, frames: int, seed: int) -> dict:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", SIMULATOR, task, str(frames), str(seed), str(ITERATION["envs"]),
+                    str(ITERATION["steps"])], capture_output=True, text=True, check=True, cwd=ROOT)
+    return {"wall_s": time.perf_counter() - start}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algorithm", choices=["maddpg", "masac", "mappo"], default="maddpg")
@@ -156,6 +187,8 @@ def main() -> None:
                         help="off-policy gradient steps per 6,000-frame iteration, both sides")
     parser.add_argument("--venv", type=Path, default=HERE / ".benchmarl-venv")
     parser.add_argument("--skip-install", action="store_true")
+    parser.add_argument("--simulator", action="store_true",
+                        help="also time the simulator alone for the same frames (a floor; see the top)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     ITERATION["gradient_steps"] = args.gradient_steps
@@ -163,8 +196,11 @@ def main() -> None:
         install(args.venv)
     rows = []
     for seed in args.seeds:
-        for side, run in (("marlkit", lambda: run_marlkit(args.algorithm, args.task, args.frames, seed)),
-                          ("benchmarl", lambda: run_benchmarl(args.venv, args.algorithm, args.task, args.frames, seed))):
+        sides = [("marlkit", lambda: run_marlkit(args.algorithm, args.task, args.frames, seed)),
+                 ("benchmarl", lambda: run_benchmarl(args.venv, args.algorithm, args.task, args.frames, seed))]
+        if args.simulator:
+            sides.append(("simulator", lambda: run_simulator(args.task, args.frames, seed)))
+        for side, run in sides:
             row = {"side": side, "seed": seed, **run()}
             rows.append(row)
             print(json.dumps(row), flush=True)
