@@ -1,4 +1,4 @@
-"""The update of a recurrent actor, in real training runs that take turns, in one process, in three
+"""The update of a recurrent actor, in real training runs that take turns, in one process, in four
 forms:
 
 - ``per_step``: one GRU call per step, the pooled critic with a CNN of its own (how it ran before);

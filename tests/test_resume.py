@@ -172,6 +172,30 @@ def test_envs_saved_by_older_code_start_fresh_episodes_and_the_run_goes_on(tiny,
     assert "written by another version of marlkit" in capsys.readouterr().out
 
 
+def test_only_attributes_old_objects_cannot_read_make_their_envs_start_fresh():
+    """An attribute added with a class default (a dataclass field) still reads on an old object, so
+    it does not condemn the saved envs; one set only in ``__init__`` does."""
+    from marlkit.api import build_config
+    from marlkit.envs.factory import make_env
+    from marlkit.envs.vector.state import loads_states
+
+    def saved(drop):
+        env = make_env(build_config("MAPPO", "mpe_spread").env)
+        drop(env)
+        blob = dumps_state(env)
+        env.close()
+        return blob
+
+    fresh = [make_env(build_config("MAPPO", "mpe_spread").env)]
+    assert type(fresh[0].spec).episode_limit is None   # a class default
+    envs, restored = loads_states(fresh, [saved(lambda env: delattr(env.spec, "episode_limit"))])
+    assert restored and envs[0] is not fresh[0]
+    fresh = [make_env(build_config("MAPPO", "mpe_spread").env)]
+    envs, restored = loads_states(fresh, [saved(lambda env: delattr(env, "_rows"))])
+    assert not restored and envs[0] is fresh[0]
+    envs[0].close()
+
+
 @pytest.mark.exact
 def test_resume_after_the_load_file_has_gone(tiny):
     """A run started from --load keeps its weights in its own latest.pt: deleting the file it began

@@ -167,11 +167,7 @@ class MAPPO(OnPolicyAgent):
         itself, so it is not joined after them."""
         actor = self.modules["actor"]
         if actor.is_recurrent:
-            L, B, A = obs.shape[:3]
-            x = obs
-            if self.actor.id_at_input(tuple(obs.shape[3:])):
-                x = torch.cat([obs.float(), self.actor.ids(L, B, obs.device)], -1)
-            return actor.trunk(x.reshape(L, B * A, *x.shape[3:])).reshape(L, B, A, -1)
+            return self.actor.trunk(actor, obs)
         features, _ = self.actor.encode(actor, obs, None, None, present=agent_mask, join_ids=False)
         return features
 

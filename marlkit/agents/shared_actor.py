@@ -110,14 +110,19 @@ class SharedActor:
             trunk, _ = self.encode(encoder, x, None, None, present=present, join_ids=False)
             return self.join_ids(trunk, shape, True), trunk, None
         L, B, A = x.shape[:3]
-        if self.id_at_input(shape):
-            x = torch.cat([x.float(), self.ids(L, B, x.device)], -1)
-        z = encoder.trunk(x.reshape(L, B * A, *x.shape[3:]))
+        z = self.trunk(encoder, x)
         h = hidden.reshape(B * A, -1) if hidden is not None else None
         starts = episode_start.reshape(L, B * A) if episode_start is not None else None
-        features, h = encoder.recur(z, h, starts)
-        return (self.join_ids(features.reshape(L, B, A, -1), shape, True), z.reshape(L, B, A, -1),
-                h.reshape(B, A, -1))
+        features, h = encoder.recur(z.reshape(L, B * A, -1), h, starts)
+        return self.join_ids(features.reshape(L, B, A, -1), shape, True), z, h.reshape(B, A, -1)
+
+    def trunk(self, encoder: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A recurrent encoder's feed-forward trunk over per-agent inputs ``[L, B, A, ...]`` (the id
+        joined at the input where it joins there) -> ``[L, B, A, trunk_dim]``; its memory is not run."""
+        L, B, A = x.shape[:3]
+        if self.id_at_input(tuple(x.shape[3:])):
+            x = torch.cat([x.float(), self.ids(L, B, x.device)], -1)
+        return encoder.trunk(x.reshape(L, B * A, *x.shape[3:])).reshape(L, B, A, -1)
 
     def join_ids(self, features: torch.Tensor, shape: tuple[int, ...], ids: bool) -> torch.Tensor:
         """The one-hot id after the features of an encoder of ``shape`` inputs (see ``id_width_after``)."""

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 _WATCHER = """
@@ -77,25 +78,43 @@ def kill_group(pgid: int) -> None:
         pass
 
 
-def pause_group(pgid: int) -> list[int]:
-    """Stop every process of group ``pgid`` (SIGSTOP: it can start or create nothing more until it
-    is killed); their pids, read from /proc (none without it)."""
+def _stat(path: str) -> list[str] | None:
+    """The fields of a /proc ``stat`` file after the command name (state first); None if gone."""
     try:
-        os.killpg(pgid, signal.SIGSTOP)
-    except (ProcessLookupError, PermissionError):
-        return []
-    members = []
+        with open(path) as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of process group ``pgid``, read from /proc (none without it)."""
     try:
         pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
-    for pid in pids:
+    return [pid for pid in pids if (fields := _stat(f"/proc/{pid}/stat")) is not None and fields[2] == str(pgid)]
+
+
+def pause_group(pgid: int, timeout: float = 1.0) -> list[int]:
+    """Stop every process of group ``pgid`` (SIGSTOP: it can start or create nothing more until it
+    is killed) -> their pids. A thread stops once its system call returns, so this waits, up to
+    ``timeout`` s, until every thread is stopped or gone: a file being created is then open."""
+    try:
+        os.killpg(pgid, signal.SIGSTOP)
+    except (ProcessLookupError, PermissionError):
+        return []
+    members = group_members(pgid)
+    deadline = time.monotonic() + timeout
+    for pid in members:
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) == pgid:
-                    members.append(pid)
-        except (OSError, IndexError, ValueError):
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
             continue
+        for task in tasks:
+            while ((fields := _stat(f"/proc/{pid}/task/{task}/stat")) is not None and fields[0] not in "TtZX"
+                   and time.monotonic() < deadline):
+                time.sleep(0.001)
     return members
 
 

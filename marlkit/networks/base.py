@@ -22,8 +22,9 @@ ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "elu": nn.ELU}
 
 
 def as_float(x: torch.Tensor, pixels: torch.dtype = torch.float32) -> torch.Tensor:
-    """Model inputs as float32; uint8 pixels scaled to [0, 1] in place of their fresh copy in
-    ``pixels`` (one tensor made, not two: 0.6 of the time for a batch of images)."""
+    """Model inputs as float32, but uint8 pixels as ``pixels`` (float32 unless the caller runs under
+    autocast), scaled to [0, 1] in place of their fresh copy (one tensor made, not two: 0.6 of the
+    time for a batch of images)."""
     return x.to(pixels).mul_(1.0 / 255.0) if x.dtype == torch.uint8 else x.float()
 
 

@@ -99,17 +99,13 @@ def release(work_dir: str) -> None:
         except OSError:
             continue
         if instance.isalnum():
-            for prefix in SHARED_MEMORY:
-                try:
-                    os.unlink(f"/dev/shm/{prefix}{instance}")
-                except OSError:
-                    pass
+            unlink({f"/dev/shm/{prefix}{instance}" for prefix in SHARED_MEMORY})
 
 
 def held(pids: list[int]) -> set[str]:
-    """The engines' shared memory files that processes ``pids`` have open or mapped. The open ones
-    are read before the mapped ones: a file being created is open before it is mapped, and mapped
-    before it is closed, so none is missed however far the process has got."""
+    """The engines' shared memory files that processes ``pids`` (stopped: ``processes.pause_group``)
+    have open or mapped. The open ones are read before the mapped ones: a file is open once created,
+    mapped before it is closed, so none is missed however far a process had got."""
     found = set()
     for pid in pids:
         try:
@@ -121,9 +117,9 @@ def held(pids: list[int]) -> set[str]:
                 links += [line.split(maxsplit=5)[-1].strip() for line in f if "/dev/shm/" in line]
         except OSError:
             pass
-        for link in links:
-            name = link.removesuffix(" (deleted)")
-            if name.startswith("/dev/shm/") and name[len("/dev/shm/"):].startswith(SHARED_MEMORY):
+        for name in links:
+            if (name.startswith("/dev/shm/") and name[len("/dev/shm/"):].startswith(SHARED_MEMORY)
+                    and not name.endswith(" (deleted)")):   # that one is unlinked already
                 found.add(name)
     return found
 

@@ -66,11 +66,9 @@ def _fault(worker_pid: int) -> str:
     its engine (the other member of the worker's process group) stopped or gone; '' if nothing."""
     if _state(worker_pid) in ("T", "t"):
         return "is stopped"
-    try:
-        engines = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != worker_pid
-                   and _pgid(int(p)) == worker_pid]
-    except OSError:   # no /proc: nothing more to tell
+    if not os.path.isdir("/proc"):   # nothing more to tell
         return ""
+    engines = [p for p in processes.group_members(worker_pid) if p != worker_pid]
     if not engines or all(_state(p) in (None, "Z") for p in engines):
         return "has lost its engine"
     if any(_state(p) in ("T", "t") for p in engines):
@@ -106,13 +104,6 @@ def sweep_work_folders() -> None:
         if stale:
             keeper.release(entry.path)
             shutil.rmtree(entry.path, ignore_errors=True)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 class DoomMatch:
@@ -247,10 +238,12 @@ class DoomMatch:
             proc.join(max(0.0, deadline - time.monotonic()))
         # a player still running may have created its queues without its engine's id on record
         held = set()
-        for pgid in self.pgids:
-            held |= keeper.held(processes.pause_group(pgid))
-        for pgid in self.pgids:
-            processes.kill_group(pgid)
+        try:
+            for pgid in self.pgids:
+                held |= keeper.held(processes.pause_group(pgid))
+        finally:
+            for pgid in self.pgids:
+                processes.kill_group(pgid)
         keeper.unlink(held)
         for proc in self.procs:
             proc.join(1.0)

@@ -49,18 +49,32 @@ def dumps_state(obj) -> bytes | None:
     return buffer.getvalue()
 
 
-def _layout(obj, seen: set[int] | None = None, prefix: str = "") -> set[str]:
-    """The attribute names of ``obj`` and of the marlkit objects it holds, as dotted paths."""
+def _lacks(fresh, saved, seen: set[int] | None = None) -> bool:
+    """Whether ``saved`` lacks an attribute that ``fresh`` has, or one of the marlkit objects it
+    holds does (a class's default counts as had)."""
     seen = set() if seen is None else seen
-    if id(obj) in seen or not hasattr(obj, "__dict__"):
-        return set()
-    seen.add(id(obj))
-    names = set()
-    for name, value in vars(obj).items():
-        names.add(prefix + name)
-        if type(value).__module__.startswith("marlkit."):
-            names |= _layout(value, seen, f"{prefix}{name}.")
-    return names
+    if id(fresh) in seen or not hasattr(fresh, "__dict__"):
+        return False
+    seen.add(id(fresh))
+    for name, value in vars(fresh).items():
+        if not hasattr(saved, name):
+            return True
+        kept = getattr(saved, name)
+        if type(value).__module__.startswith("marlkit.") and type(kept) is type(value) and _lacks(value, kept, seen):
+            return True
+    return False
+
+
+def _close(envs: list) -> None:
+    for env in envs:
+        try:
+            env.close()
+        except Exception:   # an env being thrown away, perhaps of other code: nothing to keep it for
+            pass
+
+
+# what unpickling an object of other code raises: its class or module gone, its state refused
+_OTHER_CODE = (pickle.UnpicklingError, AttributeError, ImportError, TypeError, ValueError, EOFError)
 
 
 def loads_states(envs: list, blobs: list[bytes]) -> tuple[list, bool]:
@@ -68,13 +82,15 @@ def loads_states(envs: list, blobs: list[bytes]) -> tuple[list, bool]:
     or ``envs`` as they are and False where a blob was written by other code than today's: it no
     longer unpickles, or its objects lack attributes that a fresh env has (today's code would read an
     attribute the old object never had, mid-run; attributes set only once an env runs are not asked)."""
+    loaded = []
     try:
-        loaded = [pickle.loads(blob) for blob in blobs]
-    except Exception:
+        for blob in blobs:
+            loaded.append(pickle.loads(blob))
+    except _OTHER_CODE:
+        _close(loaded)
         return envs, False
-    if any(_layout(fresh) - _layout(saved) for saved, fresh in zip(loaded, envs)):
-        for env in loaded:
-            env.close()
+    if any(_lacks(fresh, saved) for saved, fresh in zip(loaded, envs)):
+        _close(loaded)
         return envs, False
     for env in envs:
         env.close()
