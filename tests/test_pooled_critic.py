@@ -250,6 +250,17 @@ def test_absent_slots_are_skipped_with_the_same_loss_and_gradients(agent_name, c
     assert flops_skip < flops_all * (share + 0.1 if critic_input != "state" else 0.8)
 
 
+def _silenced_policy_update_flops(agent, batch) -> int:
+    """One backward pass of ``agent.loss(batch)`` from zeroed gradients -> its FLOPs; the batch's
+    zero advantages leave the policy loss at 0 (asserted), so gradients come from the value loss."""
+    agent.modules.zero_grad(set_to_none=True)
+    with FlopCounterMode(display=False) as counter:
+        loss, info = agent.loss(batch)
+        loss.backward()
+    assert info["policy_loss"] == 0.0
+    return counter.get_total_flops()
+
+
 def test_a_critic_on_the_actors_encoder_adds_a_head_alone_and_the_value_loss_trains_the_encoder():
     """``critic_encoder: actor``: no critic encoder is built, every parameter is optimised once,
     the value loss alone moves the actor's encoder (advantages of zero: no policy gradient), and
@@ -264,12 +275,7 @@ def test_a_critic_on_the_actors_encoder_adds_a_head_alone_and_the_value_loss_tra
     flops = {}
     for name, agent in (("shared", shared), ("own", own)):
         agent.cfg.entropy_coef = 0.0
-        agent.modules.zero_grad(set_to_none=True)
-        with FlopCounterMode(display=False) as counter:
-            loss, info = agent.loss(batch)
-            loss.backward()
-        flops[name] = counter.get_total_flops()
-        assert info["policy_loss"] == 0.0
+        flops[name] = _silenced_policy_update_flops(agent, batch)
         encoder_grad = sum(p.grad.abs().sum() for p in agent.modules["actor"].parameters() if p.grad is not None)
         assert (encoder_grad > 0) == (name == "shared"), name
     assert flops["shared"] < 0.6 * flops["own"], flops
@@ -346,12 +352,7 @@ def test_a_recurrent_actor_shares_its_trunk_with_the_pooled_critic():
     flops = {}
     for name, agent in (("shared", shared), ("own", own)):
         agent.cfg.entropy_coef, agent.cfg.critic_encoder_grad = 0.0, (1.0 if name == "shared" else None)
-        agent.modules.zero_grad(set_to_none=True)
-        with FlopCounterMode(display=False) as counter:
-            loss, info = agent.loss(batch)
-            loss.backward()
-        flops[name] = counter.get_total_flops()
-        assert info["policy_loss"] == 0.0
+        flops[name] = _silenced_policy_update_flops(agent, batch)
     gru = shared.modules["actor"]
     assert sum(p.grad.abs().sum() for p in gru.encoder.parameters()) > 0
     assert all(p.grad is None or not p.grad.any() for p in gru.gru.parameters())
