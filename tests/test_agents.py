@@ -101,6 +101,70 @@ def test_agent_settings_that_cannot_work_fail_before_any_env(overrides, message)
     assert message in str(err.value)
 
 
+def test_advantage_refresh_is_refused_where_advantages_are_not_gae_over_the_values():
+    from marlkit.config import ConfigError
+    with pytest.raises(ConfigError, match=r"agents.COMA.advantage_refresh: COMA computes its advantages its own way"):
+        build_config("COMA", "mpe_spread", **{"agents.COMA.advantage_refresh": True})
+
+
+def _refreshed_update(tiny, monkeypatch, **overrides):
+    """One MAPPO update of 3 epochs x 4 minibatches with ``advantage_refresh`` and raw advantages:
+    -> (the advantages and returns each epoch began with, [(agent, its weights, minibatch)] per
+    gradient step)."""
+    import copy
+
+    from marlkit.agents import on_policy
+    from marlkit.agents.mappo import MAPPO
+    epochs, steps = [], []
+    real_minibatches, real_loss = on_policy.minibatches, MAPPO.loss
+
+    def recording_minibatches(data, *args, **kwargs):
+        epochs.append({key: data[key].copy() for key in ("advantages", "returns")})
+        yield from real_minibatches(data, *args, **kwargs)
+
+    def recording_loss(self, batch):
+        steps.append((self, copy.deepcopy(self.modules.state_dict()), batch))
+        return real_loss(self, batch)
+
+    monkeypatch.setattr(on_policy, "minibatches", recording_minibatches)
+    monkeypatch.setattr(MAPPO, "loss", recording_loss)
+    marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.total_steps": 20,
+                                                     "agents.MAPPO.advantage_refresh": True, "agents.MAPPO.epochs": 3,
+                                                     "agents.MAPPO.minibatches": 4,
+                                                     "agents.MAPPO.advantage_norm": False, **overrides})
+    assert len(epochs) == 3 and len(steps) == 12
+    return epochs, steps
+
+
+def test_refreshed_advantages_are_gae_over_the_values_the_critic_gave_in_the_epoch_before(tiny, monkeypatch):
+    """Before each later epoch, returns - advantages (GAE's identity) are the values the critic gave
+    each sample in the epoch before, with its weights of that minibatch, computed again here."""
+    epochs, steps = _refreshed_update(tiny, monkeypatch)
+    agent = steps[0][0]
+    for epoch in (1, 2):
+        values = np.zeros_like(epochs[epoch]["returns"]).reshape(20, -1)   # [T * E, A]
+        for _, weights, batch in steps[4 * (epoch - 1):4 * epoch]:
+            agent.modules.load_state_dict(weights)
+            with torch.no_grad():
+                value, _ = agent.values(batch["obs"], batch["state"], None, batch["episode_start"],
+                                        batch["agent_mask"])
+                values[batch["rows"].reshape(-1).numpy()] = agent._denormalize(value).reshape(-1, 3).numpy()
+        fresh = epochs[epoch]["returns"] - epochs[epoch]["advantages"]
+        np.testing.assert_allclose(fresh.reshape(20, -1), values, atol=1e-5)
+        # the critic moved, and the advantages with it
+        assert np.abs(epochs[epoch]["advantages"] - epochs[epoch - 1]["advantages"]).max() > 1e-3
+
+
+def test_refreshed_advantages_are_the_rollouts_own_while_the_critic_stands_still(tiny, monkeypatch):
+    """With no learning, every sample's refreshed value is the one it was collected with: the
+    refresh puts each value back in its own (t, e) slot. (Without value normalisation, whose
+    statistics take in the update's returns and so move every real-scale value.)"""
+    epochs, _ = _refreshed_update(tiny, monkeypatch, **{"agents.MAPPO.lr": 0.0, "agents.MAPPO.value_norm": False})
+    for later in epochs[1:]:
+        np.testing.assert_allclose(later["advantages"], epochs[0]["advantages"], atol=1e-5)
+        np.testing.assert_allclose(later["returns"], epochs[0]["returns"], atol=1e-5)
+
+
 def test_gru_default_chunk_is_the_whole_rollout():
     cfg = build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.actor.name": "gru"})
     env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))

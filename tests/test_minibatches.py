@@ -26,6 +26,14 @@ def test_every_sample_lands_in_exactly_one_minibatch_with_its_own_rows(num_minib
         assert (torch.diff(b["step"], dim=0) == 4).all()
 
 
+@pytest.mark.parametrize("num_minibatches,chunk_length", [(1, 1), (3, 1), (2, 3)])
+def test_rows_say_where_in_the_rollout_each_sample_lies(num_minibatches, chunk_length):
+    """``rows`` [L, B] is each sample's ``t * E + e``: here its step number."""
+    for batch in minibatches(_rollout(), num_minibatches, chunk_length, np.random.default_rng(1), rows=True):
+        assert batch["rows"].shape == batch["step"].shape and batch["rows"].dtype == torch.int64
+        assert torch.equal(batch["rows"].float(), batch["step"])
+    assert "rows" not in next(minibatches(_rollout(), 3, 1, np.random.default_rng(1)))
+
 
 def test_one_minibatch_of_single_steps_is_the_rollout_itself():
     """Its order would change only the float summation order of the gradient, so it is neither

@@ -54,6 +54,11 @@ class OnPolicyConfig:
     huber_delta: Optional[float] = field(default=10.0, metadata=value_range(0.0))
     value_norm: bool = True
     advantage_norm: bool = True
+    # recompute the advantages and returns before every epoch after the first, from the values the
+    # critic gave each sample in the epoch before (PuffeRL refreshes them per minibatch): GAE then
+    # follows the critic as it learns within an update, at no extra forward pass. Only for agents
+    # whose advantages are GAE over their own values (not COMA's or POCA's)
+    advantage_refresh: bool = False
     use_agent_id: bool = True
     chunk_length: Optional[int] = field(default=None, metadata=value_range(1))
     log_std_init: float = -0.5
@@ -99,6 +104,7 @@ class OnPolicyAgent(Agent):
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.recurrent = any(getattr(m, "is_recurrent", False) for m in self.modules.modules())
         self.hidden_size = max([getattr(m, "hidden_size", 0) for m in self.modules.modules()] + [0])
+        self._refresh: AdvantageRefresh | None = None   # while an update refreshes its advantages
 
     # ------------------------------------------------------------------ before anything starts
 
@@ -157,6 +163,9 @@ class OnPolicyAgent(Agent):
             chunk = cfg.chunk_length or rc.horizon
             if rc.horizon % chunk:
                 raise ConfigError(f"{key}.chunk_length={chunk} must divide runner.horizon={rc.horizon}")
+        if cfg.advantage_refresh and cls.targets is not OnPolicyAgent.targets:
+            raise ConfigError(f"{key}.advantage_refresh: {cls.registered_name} computes its advantages its own way, "
+                              "not by GAE over its values; set it to false")
         if len({size for _, size in recurrent}) > 1:
             raise ConfigError(f"{key}: a recurrent actor and critic need the same rnn_hidden, got "
                               + " and ".join(f"{role}.rnn_hidden={size}" for role, size in recurrent))
@@ -211,7 +220,10 @@ class OnPolicyAgent(Agent):
         mask = batch["agent_mask"].float()
         policy_loss, info = ppo_policy_loss(log_prob, batch["log_prob"], batch["advantages"], cfg.clip, mask)
         entropy = masked_mean(entropy(), mask)
-        critic_loss = value_loss(value(), batch["old_value"], self.normalized_returns(batch["returns"]), mask,
+        new_value = value()
+        if self._refresh is not None:
+            self._refresh.record(batch["rows"], new_value)
+        critic_loss = value_loss(new_value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
                                  cfg.value_clip, cfg.huber_delta)
         loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
         return loss, {"policy_loss": policy_loss.detach(), "value_loss": critic_loss.detach(),
@@ -321,7 +333,10 @@ class OnPolicyAgent(Agent):
         lr_scale = self.lr_scale(progress, batch.num_steps)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * lr_scale
-        metrics = self.optimise(data, rollout.horizon, progress)
+        try:
+            metrics = self.optimise(data, rollout.horizon, progress)
+        finally:
+            self._refresh = None
         if self.cfg.lr_schedule != "constant":
             metrics["lr_scale"] = lr_scale
         present = rollout.agent_mask
@@ -345,6 +360,8 @@ class OnPolicyAgent(Agent):
         arrays (advantages, returns, ...) and the episode starts."""
         rollout = batch.rollout
         last_value, truncation_value = self.estimate_values(batch)
+        if self.cfg.advantage_refresh:   # until the update's gradient steps end
+            self._refresh = AdvantageRefresh(self, batch, last_value, truncation_value)
         targets = self.targets(batch, last_value, truncation_value)
         targets["advantages"] = self.normalize_advantages(rollout, targets["advantages"])
         data = {"obs": rollout.obs, "state": rollout.state, "agent_mask": rollout.agent_mask,
@@ -404,15 +421,18 @@ class OnPolicyAgent(Agent):
     def targets(self, batch: RolloutBatch, last_value: np.ndarray, truncation_value: np.ndarray) -> dict:
         """GAE over ``rollout.value`` -> ``advantages``, ``returns`` (real scale) and ``old_value``
         (normalised, for value clipping); updates the value normaliser with the returns."""
-        rollout, cfg = batch.rollout, self.cfg
-        advantages, returns = compute_gae(rollout.reward, rollout.value, rollout.terminated, rollout.truncated,
-                                          rollout.episode_end, rollout.agent_mask, truncation_value, last_value,
-                                          cfg.gamma, cfg.gae_lambda)
+        rollout = batch.rollout
+        advantages, returns = self.gae(rollout, rollout.value, last_value, truncation_value)
         old_value = self.tensor(rollout.value)
         if self.value_norm is not None:
             old_value = self.value_norm.normalize(old_value)
             self.value_norm.update(self.tensor(returns[rollout.agent_mask]))
         return {"advantages": advantages, "returns": returns, "old_value": old_value.cpu().numpy()}
+
+    def gae(self, rollout, value: np.ndarray, last_value: np.ndarray, truncation_value: np.ndarray):
+        """(advantages, returns) ``[T, E, A]`` of the rollout's rewards over ``value`` (real scale)."""
+        return compute_gae(rollout.reward, value, rollout.terminated, rollout.truncated, rollout.episode_end,
+                           rollout.agent_mask, truncation_value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
 
     def normalize_advantages(self, rollout, advantages: np.ndarray) -> np.ndarray:
         """Zero mean, unit std over present slots (``advantage_norm``); absent slots get 0."""
@@ -439,8 +459,13 @@ class OnPolicyAgent(Agent):
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
             return metrics
 
-        batches = (b for _ in range(cfg.epochs) for b in minibatches(data, cfg.minibatches, chunk, self.rng))
-        return gradient_steps(batches, planned, step, stop)
+        def batches():
+            for epoch in range(cfg.epochs):
+                if epoch and self._refresh is not None:
+                    self._refresh.apply(data)
+                yield from minibatches(data, cfg.minibatches, chunk, self.rng, rows=self._refresh is not None)
+
+        return gradient_steps(batches(), planned, step, stop)
 
     def normalized_returns(self, returns: torch.Tensor) -> torch.Tensor:
         return self.value_norm.normalize(returns) if self.value_norm is not None else returns
@@ -466,3 +491,29 @@ class OnPolicyAgent(Agent):
                             self.precision)
                 self.precision = began
 
+
+class AdvantageRefresh:
+    """``advantage_refresh``: the values each sample got in an epoch's minibatches, and GAE
+    recomputed over them before the next epoch (the bootstrap and truncation values stay those the
+    update began with)."""
+
+    def __init__(self, agent: OnPolicyAgent, batch: RolloutBatch, last_value: np.ndarray,
+                 truncation_value: np.ndarray):
+        self.agent, self.rollout = agent, batch.rollout
+        self.last_value, self.truncation_value = last_value, truncation_value
+        T, E, A = self.rollout.value.shape
+        self.fresh = torch.zeros(T * E, A, device=agent.device)   # normalised values, a row per (t, e)
+
+    def record(self, rows: torch.Tensor, value: torch.Tensor) -> None:
+        """``value`` ``[L, B, A]`` (normalised) of the samples at ``rows`` ``[L, B]`` of ``[T * E]``."""
+        self.fresh[rows.reshape(-1)] = value.detach().reshape(-1, value.shape[-1]).float()
+
+    @torch.no_grad()
+    def apply(self, data: dict[str, np.ndarray]) -> None:
+        """New ``advantages`` (normalised as at the start) and ``returns`` in ``data``."""
+        rollout, agent = self.rollout, self.agent
+        fresh = agent._denormalize(self.fresh).cpu().numpy().reshape(rollout.value.shape)
+        value = np.where(rollout.agent_mask, fresh, rollout.value)
+        advantages, returns = agent.gae(rollout, value, self.last_value, self.truncation_value)
+        data["advantages"] = agent.normalize_advantages(rollout, advantages)
+        data["returns"] = returns

@@ -51,7 +51,7 @@ class RolloutStorage(Storage):
 
 
 def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length: int,
-                rng: np.random.Generator) -> Iterator[dict[str, torch.Tensor]]:
+                rng: np.random.Generator, rows: bool = False) -> Iterator[dict[str, torch.Tensor]]:
     """Shuffle ``[T, E, ...]`` arrays into minibatches of sequences ``[L, B, ...]``.
 
     Feed-forward agents use ``chunk_length=1`` (every (t, e) is a sample, L=1); recurrent agents
@@ -59,7 +59,8 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
     The agent dimension is kept, so a sample holds all agents of one env step together. Each
     minibatch is gathered straight from the ``[T, E, ...]`` arrays: nothing but the minibatch
     itself is copied, and every sample appears in exactly one minibatch per call. A single
-    minibatch of single steps is the rollout as it is, unshuffled and uncopied.
+    minibatch of single steps is the rollout as it is, unshuffled and uncopied. With ``rows``,
+    each minibatch also says where its samples lie: ``rows`` ``[L, B]``, the index ``t * E + e``.
     """
     first = next(iter(data.values()))
     T, E = first.shape[:2]
@@ -68,16 +69,19 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
         raise ValueError(f"rollout length {T} is not a multiple of the chunk length {L}")
     # [T * E, ...] views: one index_select of whole rows gathers a minibatch faster than indexing
     # time and env as two dimensions, with the same result
-    rows = {k: torch.from_numpy(v).reshape(T * E, *v.shape[2:]) for k, v in data.items()}
+    arrays = {k: torch.from_numpy(v).reshape(T * E, *v.shape[2:]) for k, v in data.items()}
     n = (T // L) * E
     if num_minibatches == 1 and L == 1:
         # one minibatch of every step: its order changes nothing but the float summation order,
         # so it is the rollout itself, [1, T * E, ...] views, with no shuffle and no copy
-        yield {k: v.unsqueeze(0) for k, v in rows.items()}
+        where = {"rows": torch.arange(T * E).unsqueeze(0)} if rows else {}
+        yield {k: v.unsqueeze(0) for k, v in arrays.items()} | where
         return
     order = rng.permutation(n)
     steps = np.arange(L)[:, None]
     for idx in np.array_split(order, min(num_minibatches, n)):
         # sample i is the chunk starting at t = (i // E) * L of env i % E: rows t * E + e
         flat = torch.from_numpy(((idx // E) * L + steps) * E + idx % E)   # [L, B]
-        yield {k: v.index_select(0, flat.reshape(-1)).reshape(*flat.shape, *v.shape[1:]) for k, v in rows.items()}
+        where = {"rows": flat} if rows else {}
+        yield {k: v.index_select(0, flat.reshape(-1)).reshape(*flat.shape, *v.shape[1:])
+               for k, v in arrays.items()} | where
