@@ -84,8 +84,8 @@ log = logging.getLogger("vs_pufferlib")
 PARALLELS, HORIZON, AGENTS = 16, 128, 4
 BATCH = PARALLELS * HORIZON                  # env steps per update, both sides
 # the packaged YAML's MAPPO settings, which the PufferLib side copies
-LR, GAMMA, LAMBDA, CLIP, VALUE_CLIP = 5e-4, 0.99, 0.95, 0.2, 0.2
-ENTROPY, VALUE_COEF, MAX_GRAD_NORM, EPOCHS, MINIBATCHES, CHUNK = 0.01, 1.0, 10.0, 4, 4, 32
+LR, GAMMA, LAMBDA, CLIP, VALUE_CLIP = 1e-3, 0.99, 0.95, 0.2, 0.2
+ENTROPY, VALUE_COEF, MAX_GRAD_NORM, EPOCHS, MINIBATCHES, CHUNK = 0.01, 1.0, 10.0, 4, 16, 32
 CHANNELS, WIDTH = (16, 32, 32), 128
 
 
@@ -320,7 +320,7 @@ def pufferlib_own_settings(steps: int) -> dict:
 
 def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shared_trunk: bool, seed: int, steps: int,
                     eval_interval: int,
-                    eval_episodes: int, own_settings: bool) -> dict:
+                    eval_episodes: int, own_settings: bool, changes: dict | None = None) -> dict:
     """PuffeRL trained ``steps`` env steps; every ``eval_interval`` its policy plays ``eval_episodes``
     games of its own (sampled actions, as marlkit evaluates), scored as hearts per agent."""
     import numpy as np
@@ -331,7 +331,7 @@ def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shar
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes, shared_trunk)
-    config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}))
+    config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}), **(changes or {}))
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
     policy = Policy()
     trainer = pufferl.PuffeRL(config, vecenv, policy)
@@ -422,6 +422,9 @@ def main() -> None:
     parser.add_argument("--env-config", help=argparse_hidden())
     parser.add_argument("--tag-planes", action="store_true", help=argparse_hidden())
     parser.add_argument("--shared-trunk", action="store_true", help=argparse_hidden())
+    parser.add_argument("--pufferlib-set", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="--learn: PuffeRL settings over its side's (its config keys, e.g. minibatch_size=2048)")
+    parser.add_argument("--pufferlib-changes", default="{}", help=argparse_hidden())
     parser.add_argument("--jobs", type=int, default=1, help="--learn: runs at once (each on one thread)")
     parser.add_argument("--plot", type=Path, default=None, help="draw a --learn results file (to --out)")
     args = harness.parse_args(parser)
@@ -436,7 +439,7 @@ def main() -> None:
             elif args.learn:
                 sample = pufferlib_learn(args.env_config, args.pufferlib_channels_last, args.tag_planes, args.shared_trunk,
                                          args.seed, args.steps, args.eval_interval, args.eval_episodes,
-                                         args.side == "pufferlib_own")
+                                         args.side == "pufferlib_own", json.loads(args.pufferlib_changes))
             else:
                 sample = marlkit_side(args.updates) if args.side == "marlkit" else pufferlib_side(
                     args.updates, args.env_config, args.pufferlib_channels_last, args.tag_planes, args.shared_trunk)
@@ -495,6 +498,7 @@ def learn(args) -> None:
 
     from marlkit.envs.mettagrid import forage_config
     kwargs, tag_planes, shared_trunk = yaml_choices()
+    pufferlib_changes = {key: json.loads(value) for key, value in (item.split("=", 1) for item in args.pufferlib_set)}
     pythons = {"marlkit": sys.executable, "pufferlib": args.pufferlib_python, "pufferlib_own": args.pufferlib_python}
     runs: dict[str, list] = {side: [] for side in args.sides}
     out = Path(args.out or harness.RESULTS / f"vs_pufferlib_learn_{args.tag or time.strftime('%Y%m%d-%H%M%S')}.json")
@@ -512,6 +516,8 @@ def learn(args) -> None:
                "--eval-interval", str(args.eval_interval), "--eval-episodes", str(args.eval_episodes),
                "--env-config", str(env_config), *(["--pufferlib-channels-last"] * args.pufferlib_channels_last),
                *(["--tag-planes"] * tag_planes), *(["--shared-trunk"] * shared_trunk)]
+        if side.startswith("pufferlib"):
+            cmd += ["--pufferlib-changes", json.dumps(pufferlib_changes)]
         start = time.perf_counter()
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=Path(__file__).parent)
         if done.returncode != 0:
@@ -527,7 +533,7 @@ def learn(args) -> None:
             out.write_text(json.dumps({"command": " ".join(["python", *sys.argv]), "machine": harness.machine(),
                                        "steps": args.steps, "eval_interval": args.eval_interval,
                                        "eval_episodes": args.eval_episodes, "tag_planes": tag_planes,
-                                       "shared_trunk": shared_trunk,
+                                       "shared_trunk": shared_trunk, "pufferlib_changes": pufferlib_changes,
                                        "scripted_forager": SCRIPTED_FORAGER, "summary": learn_summary(runs),
                                        "runs": runs}, indent=2))
 
