@@ -103,7 +103,7 @@ def test_agent_settings_that_cannot_work_fail_before_any_env(overrides, message)
 
 def test_advantage_refresh_is_refused_where_advantages_are_not_gae_over_the_values():
     from marlkit.config import ConfigError
-    with pytest.raises(ConfigError, match=r"agents.COMA.advantage_refresh: COMA computes its advantages its own way"):
+    with pytest.raises(ConfigError, match=r"agents\.COMA\.advantage_refresh: COMA computes its advantages its own way"):
         build_config("COMA", "mpe_spread", **{"agents.COMA.advantage_refresh": True})
 
 
@@ -155,14 +155,67 @@ def test_refreshed_advantages_are_gae_over_the_values_the_critic_gave_in_the_epo
         assert np.abs(epochs[epoch]["advantages"] - epochs[epoch - 1]["advantages"]).max() > 1e-3
 
 
-def test_refreshed_advantages_are_the_rollouts_own_while_the_critic_stands_still(tiny, monkeypatch):
+@pytest.mark.parametrize("model", [{}, {"agents.MAPPO.actor.name": "gru", "agents.MAPPO.chunk_length": 5}],
+                         ids=["feed-forward", "gru-chunks"])
+def test_refreshed_advantages_are_the_rollouts_own_while_the_critic_stands_still(tiny, monkeypatch, model):
     """With no learning, every sample's refreshed value is the one it was collected with: the
-    refresh puts each value back in its own (t, e) slot. (Without value normalisation, whose
-    statistics take in the update's returns and so move every real-scale value.)"""
-    epochs, _ = _refreshed_update(tiny, monkeypatch, **{"agents.MAPPO.lr": 0.0, "agents.MAPPO.value_norm": False})
+    refresh puts each value back in its own (t, e) slot, also from chunks of a recurrent actor.
+    (Without value normalisation, whose statistics take in the update's returns and so move every
+    real-scale value.)"""
+    epochs, _ = _refreshed_update(tiny, monkeypatch, **{"agents.MAPPO.lr": 0.0, "agents.MAPPO.value_norm": False,
+                                                        **model})
     for later in epochs[1:]:
         np.testing.assert_allclose(later["advantages"], epochs[0]["advantages"], atol=1e-5)
         np.testing.assert_allclose(later["returns"], epochs[0]["returns"], atol=1e-5)
+
+
+def test_an_agent_absent_after_the_rollout_bootstraps_from_its_refreshed_value():
+    """Its bootstrap is its own last value (it is not there to be valued): when the critic's values
+    move, that bootstrap moves with them, so a constant shift of every value leaves its advantage
+    r + gamma * (V + 2) - (V + 2), not r + gamma * V - (V + 2)."""
+    from marlkit.agents.on_policy import AdvantageRefresh
+    from marlkit.storage import RolloutBatch
+    from marlkit.storage.layout import Bootstrap
+    from marlkit.storage.rollout import Rollout
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    agent = _agent("MAPPO", env, **{"agents.MAPPO.value_norm": False, "agents.MAPPO.advantage_norm": False})
+    rollout = Rollout(2, 1, 3, (18,), np.float32, (54,), (), np.int64, 5)
+    rollout.agent_mask[:] = [[[True, True, True]], [[True, True, False]]]   # agent 2 leaves after t=0
+    rollout.value[:] = [[[1.0, 2.0, 3.0]], [[1.5, 2.5, 0.0]]]
+    rollout.reward[:] = 0.5
+    rollout.reward[1, 0, 2] = 0.0   # an absent step's reward would be owed to its last action
+    bootstrap = Bootstrap(np.zeros((1, 3, 18), np.float32), np.zeros((1, 54), np.float32),
+                          np.array([[True, True, False]]), np.ones((1, 3, 5), bool), None)
+    critic_bootstrap = np.array([[4.0, 5.0, 0.0]], np.float32)
+    last_value = np.where(bootstrap.agent_mask, critic_bootstrap, rollout.value[0])   # agent 2: its value at t=0
+    refresh = AdvantageRefresh(agent, RolloutBatch(rollout, bootstrap, np.zeros((2, 1, 3), bool)), last_value,
+                               np.zeros_like(rollout.value))
+    refresh.record(torch.arange(2).reshape(2, 1), torch.from_numpy(rollout.value + 2.0))
+    data = {}
+    refresh.apply(data)
+    gamma = agent.cfg.gamma
+    assert data["advantages"][0, 0, 2] == pytest.approx(0.5 + gamma * 5.0 - 5.0)
+    assert data["advantages"][1, 0, 2] == 0.0   # absent
+    # a present agent still bootstraps from the critic's value after the rollout
+    assert data["advantages"][1, 0, 0] == pytest.approx(0.5 + gamma * 4.0 - 3.5)
+
+
+def test_a_refresh_with_values_no_loss_recorded_is_an_error_not_zeros():
+    from marlkit.agents.on_policy import AdvantageRefresh
+    from marlkit.storage import RolloutBatch
+    from marlkit.storage.layout import Bootstrap
+    from marlkit.storage.rollout import Rollout
+    env = PettingZooEnv(simple_spread_v3.parallel_env(N=3, max_cycles=25))
+    agent = _agent("MAPPO", env, **{"agents.MAPPO.value_norm": False})
+    rollout = Rollout(2, 1, 3, (18,), np.float32, (54,), (), np.int64, 5)
+    rollout.agent_mask[:] = True
+    bootstrap = Bootstrap(np.zeros((1, 3, 18), np.float32), np.zeros((1, 54), np.float32), np.ones((1, 3), bool),
+                          np.ones((1, 3, 5), bool), None)
+    refresh = AdvantageRefresh(agent, RolloutBatch(rollout, bootstrap, np.zeros((2, 1, 3), bool)),
+                               np.zeros((1, 3), np.float32), np.zeros((2, 1, 3), np.float32))
+    refresh.record(torch.arange(1).reshape(1, 1), torch.zeros(1, 1, 3))   # t=1 never recorded
+    with pytest.raises(RuntimeError, match="no loss recorded"):
+        refresh.apply({})
 
 
 def test_gru_default_chunk_is_the_whole_rollout():

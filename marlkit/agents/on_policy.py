@@ -4,7 +4,8 @@
 (with value normalisation and masked agent slots), epochs of minibatch updates, the PPO loss sum
 and the chunked value pass. An algorithm builds its networks and writes ``policy``, ``values`` and
 ``loss``, and may override ``sample`` (how ``act`` picks actions), ``estimate_values`` /
-``targets`` / ``normalize_advantages`` (the three parts of ``training_data``) and ``after_update``.
+``targets`` / ``normalize_advantages`` (the three parts of ``training_data``; ``gae`` is the GAE
+they and ``advantage_refresh`` share) and ``after_update``.
 Sequence tensors inside are ``[L, B, A, ...]`` (time, batch, agent).
 """
 from __future__ import annotations
@@ -329,12 +330,11 @@ class OnPolicyAgent(Agent):
         rollout = batch.rollout
         if not rollout.full:
             raise RuntimeError(f"update() called on a rollout of {rollout.step} of {rollout.horizon} steps")
-        data = self.training_data(batch)
         lr_scale = self.lr_scale(progress, batch.num_steps)
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * lr_scale
         try:
-            metrics = self.optimise(data, rollout.horizon, progress)
+            metrics = self.optimise(self.training_data(batch), rollout.horizon, progress)
         finally:
             self._refresh = None
         if self.cfg.lr_schedule != "constant":
@@ -360,7 +360,7 @@ class OnPolicyAgent(Agent):
         arrays (advantages, returns, ...) and the episode starts."""
         rollout = batch.rollout
         last_value, truncation_value = self.estimate_values(batch)
-        if self.cfg.advantage_refresh:   # until the update's gradient steps end
+        if self.cfg.advantage_refresh and self.cfg.epochs > 1:   # until the update's gradient steps end
             self._refresh = AdvantageRefresh(self, batch, last_value, truncation_value)
         targets = self.targets(batch, last_value, truncation_value)
         targets["advantages"] = self.normalize_advantages(rollout, targets["advantages"])
@@ -429,7 +429,8 @@ class OnPolicyAgent(Agent):
             self.value_norm.update(self.tensor(returns[rollout.agent_mask]))
         return {"advantages": advantages, "returns": returns, "old_value": old_value.cpu().numpy()}
 
-    def gae(self, rollout, value: np.ndarray, last_value: np.ndarray, truncation_value: np.ndarray):
+    def gae(self, rollout, value: np.ndarray, last_value: np.ndarray,
+            truncation_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(advantages, returns) ``[T, E, A]`` of the rollout's rewards over ``value`` (real scale)."""
         return compute_gae(rollout.reward, value, rollout.terminated, rollout.truncated, rollout.episode_end,
                            rollout.agent_mask, truncation_value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
@@ -494,15 +495,18 @@ class OnPolicyAgent(Agent):
 
 class AdvantageRefresh:
     """``advantage_refresh``: the values each sample got in an epoch's minibatches, and GAE
-    recomputed over them before the next epoch (the bootstrap and truncation values stay those the
-    update began with)."""
+    recomputed over them before the next epoch. The bootstrap values the critic computed and the
+    truncation values stay those the update began with; an agent absent after the rollout, whose
+    bootstrap is its own last value (``last_present_value``), takes it from the refreshed values."""
 
     def __init__(self, agent: OnPolicyAgent, batch: RolloutBatch, last_value: np.ndarray,
                  truncation_value: np.ndarray):
         self.agent, self.rollout = agent, batch.rollout
+        self.bootstrap_mask = batch.bootstrap.agent_mask   # [E, A]: where last_value is the critic's
         self.last_value, self.truncation_value = last_value, truncation_value
         T, E, A = self.rollout.value.shape
-        self.fresh = torch.zeros(T * E, A, device=agent.device)   # normalised values, a row per (t, e)
+        # normalised values, a row per (t, e); NaN until a minibatch's loss records them
+        self.fresh = torch.full((T * E, A), float("nan"), device=agent.device)
 
     def record(self, rows: torch.Tensor, value: torch.Tensor) -> None:
         """``value`` ``[L, B, A]`` (normalised) of the samples at ``rows`` ``[L, B]`` of ``[T * E]``."""
@@ -513,7 +517,12 @@ class AdvantageRefresh:
         """New ``advantages`` (normalised as at the start) and ``returns`` in ``data``."""
         rollout, agent = self.rollout, self.agent
         fresh = agent._denormalize(self.fresh).cpu().numpy().reshape(rollout.value.shape)
-        value = np.where(rollout.agent_mask, fresh, rollout.value)
-        advantages, returns = agent.gae(rollout, value, self.last_value, self.truncation_value)
+        present = rollout.agent_mask
+        if np.isnan(fresh[present]).any():
+            raise RuntimeError(f"{agent.registered_name}: advantage_refresh found samples whose values no loss "
+                               "recorded; a loss must hand its values to ppo_loss (or set advantage_refresh: false)")
+        value = np.where(present, fresh, rollout.value)
+        last_value = np.where(self.bootstrap_mask, self.last_value, last_present_value(value, present))
+        advantages, returns = agent.gae(rollout, value, last_value, self.truncation_value)
         data["advantages"] = agent.normalize_advantages(rollout, advantages)
         data["returns"] = returns

@@ -74,14 +74,14 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
     if num_minibatches == 1 and L == 1:
         # one minibatch of every step: its order changes nothing but the float summation order,
         # so it is the rollout itself, [1, T * E, ...] views, with no shuffle and no copy
-        where = {"rows": torch.arange(T * E).unsqueeze(0)} if rows else {}
-        yield {k: v.unsqueeze(0) for k, v in arrays.items()} | where
+        located = {"rows": torch.arange(T * E).unsqueeze(0)} if rows else {}
+        yield {k: v.unsqueeze(0) for k, v in arrays.items()} | located
         return
     order = rng.permutation(n)
     steps = np.arange(L)[:, None]
     for idx in np.array_split(order, min(num_minibatches, n)):
         # sample i is the chunk starting at t = (i // E) * L of env i % E: rows t * E + e
         flat = torch.from_numpy(((idx // E) * L + steps) * E + idx % E)   # [L, B]
-        where = {"rows": flat} if rows else {}
+        located = {"rows": flat} if rows else {}
         yield {k: v.index_select(0, flat.reshape(-1)).reshape(*flat.shape, *v.shape[1:])
-               for k, v in arrays.items()} | where
+               for k, v in arrays.items()} | located
