@@ -30,7 +30,7 @@ Both sides run in one process with one torch thread, the envs stepped in that pr
   (``critic_encoder: actor``), else the same CNN of its own, -> 128 -> 128 -> value (marlkit's
   pooled critic's hidden layer reads the agent's and the group's mean features, 256 wide). PuffeRL's defaults
   except: batch 8,192 agent steps (= 2,048 env steps), bptt_horizon 32 (marlkit's chunk_length),
-  4 epochs of 2,048-sample minibatches, lr 5e-4, the YAML's gamma, lambda, clips, entropy and
+  the YAML's epochs, minibatches (16 of 512 samples) and lr (1e-3), the YAML's gamma, lambda, clips, entropy and
   value weights, max_grad_norm, no prioritised replay (prio_alpha 0), V-trace clips 1 (plain GAE),
   no lr anneal, no torch.compile, float32. Its convolutions run in torch's default (NCHW) memory,
   as PufferLib's own models' do; ``--pufferlib-channels-last`` runs them in channels-last memory,
@@ -43,7 +43,7 @@ Learning (``--learn``): does marlkit learn the game as well as PuffeRL?
 
     .venv/bin/python benchmarks/vs_pufferlib.py --learn --pufferlib-python PYTHON [--steps 2000000]
         [--seeds 1 2 3] [--eval-interval 51200] [--eval-episodes 32] [--sides marlkit pufferlib pufferlib_own]
-        [--pufferlib-channels-last] [--tag NAME]
+        [--pufferlib-channels-last] [--pufferlib-set KEY=VALUE ...] [--tag NAME]
 
 Each side trains ``--steps`` env steps per seed, a process per run, the sides in turn within a seed,
 one torch thread each, 16 games in process:
@@ -54,6 +54,8 @@ one torch thread each, 16 games in process:
   ``config/metta.ini`` over ``config/default.ini``: one epoch, 64-step segments, lr 3e-4 annealed,
   gamma 0.977, lambda 0.916, clip 0.1, entropy 0.0021, value coefficient 0.44; see
   :func:`pufferlib_own_settings`).
+``--pufferlib-set`` changes PuffeRL's settings on its sides (its config keys, e.g.
+``minibatch_size=1024 max_minibatch_size=1024``); the results file records them.
 A PuffeRL run is evaluated the way marlkit evaluates: every ``--eval-interval`` env steps its policy
 plays ``--eval-episodes`` games of its own with sampled actions, scored as hearts per agent (the
 mean over a game's agents of its return, each heart paying 1). Curves are kept against env steps
