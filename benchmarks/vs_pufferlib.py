@@ -63,7 +63,7 @@ and against training wall time (evaluations left out on both sides); the summary
 the mean and 95% t interval over seeds at every evaluation and the first step whose mean reaches the
 scripted forager's 2.1 hearts per agent. Results go to benchmarks/results/vs_pufferlib_learn_NAME.json,
 rewritten after every run; the same command again keeps the runs that file holds and runs the rest.
-``--plot RESULTS.json --out FIGURE.png`` draws its curves: hearts per agent against env steps and
+``--plot RESULTS.json [MORE.json ...] --out FIGURE.png`` draws their curves in one figure: hearts per agent against env steps and
 against training time, mean and 95% interval over seeds, with the random team and the forager.
 """
 from __future__ import annotations
@@ -428,7 +428,8 @@ def main() -> None:
                         help="--learn: PuffeRL settings over its side's (its config keys, e.g. minibatch_size=2048)")
     parser.add_argument("--pufferlib-changes", default="{}", help=argparse_hidden())
     parser.add_argument("--jobs", type=int, default=1, help="--learn: runs at once (each on one thread)")
-    parser.add_argument("--plot", type=Path, default=None, help="draw a --learn results file (to --out)")
+    parser.add_argument("--plot", type=Path, nargs="+", default=None,
+                        help="draw --learn results files in one figure (to --out)")
     args = harness.parse_args(parser)
     if args.plot:
         return plot(args.plot, args.out or Path("vs_pufferlib_learn.png"))
@@ -581,26 +582,33 @@ LABELS = {"marlkit": "marlkit MAPPO (packaged YAML)", "pufferlib": "PuffeRL, mar
           "pufferlib_own": "PuffeRL, its own settings for mettagrid"}
 
 
-def plot(results: Path, out: Path) -> None:
+def plot(results: list[Path], out: Path) -> None:
+    """Every side of every results file, a curve each; a PuffeRL side run with ``--pufferlib-set``
+    is labelled with its changes."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = json.loads(results.read_text())
-    random = statistics.fmean(r["random"] for r in data["runs"].get("marlkit", [])) if data["runs"].get("marlkit") else None
+    files = [json.loads(path.read_text()) for path in results]
+    marlkit_runs = [r for data in files for r in data["runs"].get("marlkit", [])]
+    random = statistics.fmean(r["random"] for r in marlkit_runs) if marlkit_runs else None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, x, label in ((axes[0], "step", "env steps"), (axes[1], "train_wall_s", "training wall time (s)")):
-        for side, summary in data["summary"].items():
-            xs = [c[x] for c in summary["curve"]]
-            ax.plot(xs, [c["mean"] for c in summary["curve"]], label=f"{LABELS[side]} ({summary['seeds']} seeds)")
-            ax.fill_between(xs, [c["low"] for c in summary["curve"]], [c["high"] for c in summary["curve"]], alpha=0.2)
-        ax.axhline(data["scripted_forager"], color="k", linestyle="--", label="scripted forager")
+        for data in files:
+            changes = ", ".join(f"{k}={v}" for k, v in data.get("pufferlib_changes", {}).items())
+            for side, summary in data["summary"].items():
+                name = LABELS[side] + (f", {changes}" if changes and side.startswith("pufferlib") else "")
+                xs = [c[x] for c in summary["curve"]]
+                ax.plot(xs, [c["mean"] for c in summary["curve"]], label=f"{name} ({summary['seeds']} seeds)")
+                ax.fill_between(xs, [c["low"] for c in summary["curve"]], [c["high"] for c in summary["curve"]],
+                                alpha=0.2)
+        ax.axhline(files[0]["scripted_forager"], color="k", linestyle="--", label="scripted forager")
         if random is not None:
             ax.axhline(random, color="grey", linestyle=":", label="random team")
         ax.set_xlabel(label)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("hearts per agent (evaluation, 32 games)")
-    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="lower right")
     fig.suptitle("mettagrid forage: marlkit against PuffeRL, the same networks and observations")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
