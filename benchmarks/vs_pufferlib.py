@@ -63,8 +63,9 @@ and against training wall time (evaluations left out on both sides); the summary
 the mean and 95% t interval over seeds at every evaluation and the first step whose mean reaches the
 scripted forager's 2.1 hearts per agent. Results go to benchmarks/results/vs_pufferlib_learn_NAME.json,
 rewritten after every run; the same command again keeps the runs that file holds and runs the rest.
-``--plot RESULTS.json [MORE.json ...] --out FIGURE.png`` draws their curves in one figure: hearts per agent against env steps and
-against training time, mean and 95% interval over seeds, with the random team and the forager.
+``--plot RESULTS.json [MORE.json ...] --out FIGURE.png`` draws their curves in one figure: hearts
+per agent against env steps and against training time, mean and 95% interval over seeds, with the
+random team and the forager.
 """
 from __future__ import annotations
 
