@@ -309,16 +309,15 @@ def marlkit_learn(seed: int, steps: int, eval_interval: int, eval_episodes: int)
     return {"curve": curve, "random": result.baseline["mean"]["agents"]}
 
 
-def pufferlib_own_settings(steps: int) -> dict:
+def pufferlib_own_settings() -> dict:
     """PufferLib's own training settings for mettagrid: its ``config/metta.ini`` over its
     ``config/default.ini`` (PufferLib's repository), on this comparison's batch of 8,192 agent steps
-    (its 32,768-step minibatch is more than a batch here: one minibatch per epoch), with the
-    learning-rate anneal ending at the run's last step."""
+    (its 32,768-step minibatch is more than a batch here: one minibatch per epoch)."""
     return {"optimizer": "adam", "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-12, "clip_coef": 0.1,
             "ent_coef": 0.0021, "gae_lambda": 0.916, "gamma": 0.977, "learning_rate": 3e-4, "max_grad_norm": 0.5,
             "minibatch_size": BATCH * AGENTS, "max_minibatch_size": BATCH * AGENTS, "bptt_horizon": 64,
             "update_epochs": 1, "prio_alpha": 0.0, "prio_beta0": 0.6, "vf_clip_coef": 0.1, "vf_coef": 0.44,
-            "vtrace_c_clip": 1.0, "vtrace_rho_clip": 1.0, "anneal_lr": True, "total_timesteps": steps * AGENTS}
+            "vtrace_c_clip": 1.0, "vtrace_rho_clip": 1.0, "anneal_lr": True}
 
 
 def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shared_trunk: bool, seed: int, steps: int,
@@ -334,7 +333,10 @@ def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shar
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes, shared_trunk)
-    config = pufferlib_config(seed, **(pufferlib_own_settings(steps) if own_settings else {}), **(changes or {}))
+    # PuffeRL's schedules (the learning-rate anneal, the rise of prioritised segments' beta) run over
+    # total_timesteps: the run's planned length, whole updates of agent steps, ends them at its last update
+    planned = {"total_timesteps": -(-steps // BATCH) * BATCH * AGENTS}
+    config = pufferlib_config(seed, **{**planned, **(pufferlib_own_settings() if own_settings else {}), **(changes or {})})
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
     policy = Policy()
     trainer = pufferl.PuffeRL(config, vecenv, policy)
