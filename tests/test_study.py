@@ -209,6 +209,8 @@ def test_report_numbers_are_those_of_the_runs_benchmark_json(killed_and_rerun):
     seed and resamples), not with the study's code."""
     root, _, _, _, _ = killed_and_rerun
     text = (root / "studies" / "tiny" / "report.md").read_text()
+    settings = next(line for line in text.splitlines() if line.startswith("Settings of every run"))
+    assert f"runner.total_steps={TOTAL}" in settings and "run_root" not in settings and str(root) not in text
     for agent in AGENTS:
         reports = [json.loads((root / "studies" / "tiny" / "signal" / agent / f"seed{s}" / "benchmark.json").read_text())
                    for s in SEEDS]

@@ -40,7 +40,7 @@ def write_report(spec, records: list[RunRecord]) -> Path:
              f"{len(spec.agents)} agents x {len(spec.envs)} envs x {len(spec.seeds)} seeds: {', '.join(spec.agents)} "
              f"on {', '.join(Path(e).stem for e in spec.envs)}, seeds {', '.join(map(str, spec.seeds))}; "
              f"{len(records)} of {expected} runs finished.",
-             f"Settings of every run: `{_flat(spec.set) or 'none'}`.", "",
+             f"Settings of every run: `{_flat(_settings(spec.set)) or 'none'}`.", "",
              "A run's return is the `score` of its evaluations (per episode, the mean return of the teams "
              "`runner.best_metric` scores: by default the learning teams, each against the random policy where "
              "rival teams learn), averaged over the evaluation's "
@@ -111,6 +111,13 @@ def write_report(spec, records: list[RunRecord]) -> Path:
     path = root / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def _settings(given: dict) -> dict:
+    """The study's settings less ``runner.run_root``: where the runs are written changes no result,
+    and a report copied into a repository or a paper should not carry one machine's paths."""
+    runner = {k: v for k, v in (given.get("runner") or {}).items() if k != "run_root"}
+    return {k: runner if k == "runner" else v for k, v in given.items() if k != "runner" or runner}
 
 
 def _flat(nested: dict, prefix: str = "") -> str:
