@@ -333,8 +333,8 @@ def pufferlib_learn(env_config: str, channels_last: bool, tag_planes: bool, shar
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     Policy, make_env, cfg = pufferlib_parts(env_config, channels_last, tag_planes, shared_trunk)
-    # PuffeRL's schedules (the learning-rate anneal, the rise of prioritised segments' beta) run over
-    # total_timesteps: the run's planned length, whole updates of agent steps, ends them at its last update
+    # PuffeRL's schedules (the learning-rate anneal, the rise of prioritised segments' beta) run over its
+    # total_timesteps: given the run's length in whole updates of agent steps, they end at its last update
     planned = {"total_timesteps": -(-steps // BATCH) * BATCH * AGENTS}
     config = pufferlib_config(seed, **{**planned, **(pufferlib_own_settings() if own_settings else {}), **(changes or {})})
     vecenv = pufferlib.vector.make(make_env, backend=pufferlib.vector.Serial, num_envs=PARALLELS, seed=seed)
