@@ -104,7 +104,13 @@ def test_agent_settings_that_cannot_work_fail_before_any_env(overrides, message)
 def test_advantage_refresh_is_refused_where_advantages_are_not_gae_over_the_values():
     from marlkit.config import ConfigError
     with pytest.raises(ConfigError, match=r"agents\.COMA\.advantage_refresh: COMA computes its advantages its own way"):
-        build_config("COMA", "mpe_spread", **{"agents.COMA.advantage_refresh": True})
+        build_config("COMA", "mpe_spread", **{"agents.COMA.advantage_refresh": "epoch"})
+
+
+def test_vtrace_clip_without_a_refresh_is_refused():
+    from marlkit.config import ConfigError
+    with pytest.raises(ConfigError, match=r"agents\.MAPPO\.vtrace_clip=1\.0 weighs .* set it to minibatch"):
+        build_config("MAPPO", "mpe_spread", **{"agents.MAPPO.vtrace_clip": 1.0})
 
 
 def _refreshed_update(tiny, monkeypatch, **overrides):
@@ -129,7 +135,7 @@ def _refreshed_update(tiny, monkeypatch, **overrides):
     monkeypatch.setattr(on_policy, "minibatches", recording_minibatches)
     monkeypatch.setattr(MAPPO, "loss", recording_loss)
     marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.total_steps": 20,
-                                                     "agents.MAPPO.advantage_refresh": True, "agents.MAPPO.epochs": 3,
+                                                     "agents.MAPPO.advantage_refresh": "epoch", "agents.MAPPO.epochs": 3,
                                                      "agents.MAPPO.minibatches": 4,
                                                      "agents.MAPPO.advantage_norm": False, **overrides})
     assert len(epochs) == 3 and len(steps) == 12
@@ -169,6 +175,69 @@ def test_refreshed_advantages_are_the_rollouts_own_while_the_critic_stands_still
         np.testing.assert_allclose(later["returns"], epochs[0]["returns"], atol=1e-5)
 
 
+@pytest.mark.parametrize("vtrace", [False, True], ids=["values", "values-and-vtrace"])
+def test_minibatch_refresh_recomputes_gae_before_every_minibatch_from_the_latest_values(tiny, monkeypatch, vtrace):
+    """``advantage_refresh: minibatch``: each minibatch after the first sees GAE over the values (and
+    with ``vtrace_clip`` 1, the ratios min(1, ratio)) each sample got in its latest minibatch, with
+    that minibatch's weights, computed again here; a sample not yet seen keeps its rollout value and
+    a weight of 1; the value clip is centred on the latest values."""
+    import copy
+
+    from marlkit.agents import on_policy
+    from marlkit.agents.mappo import MAPPO
+    from marlkit.storage.returns import compute_gae
+    steps, refreshes = [], []
+    real_loss, real_init = MAPPO.loss, on_policy.AdvantageRefresh.__init__
+
+    def recording_loss(self, batch):
+        steps.append((self, copy.deepcopy(self.modules.state_dict()), {k: v.clone() for k, v in batch.items()}))
+        return real_loss(self, batch)
+
+    def recording_init(self, *args):
+        real_init(self, *args)
+        refreshes.append(self)
+
+    monkeypatch.setattr(MAPPO, "loss", recording_loss)
+    monkeypatch.setattr(on_policy.AdvantageRefresh, "__init__", recording_init)
+    marlkit.run(agent="MAPPO", env="mpe_spread", **{**tiny, "runner.total_steps": 20, "agents.MAPPO.epochs": 2,
+                                                     "agents.MAPPO.minibatches": 4, "agents.MAPPO.advantage_norm": False,
+                                                     "agents.MAPPO.value_norm": False,
+                                                     "agents.MAPPO.advantage_refresh": "minibatch",
+                                                     "agents.MAPPO.vtrace_clip": 1.0 if vtrace else None})
+    assert len(refreshes) == 1 and len(steps) == 8
+    refresh, agent = refreshes[0], steps[0][0]
+    r = refresh.rollout
+    value, ratio = r.value.reshape(20, 3).copy(), np.ones((20, 3), np.float32)
+    first_old_value = steps[0][2]["old_value"]
+    seen = np.zeros(20, bool)
+    for j, (_, weights, batch) in enumerate(steps):
+        rows = batch["rows"].reshape(-1).numpy()
+        if j:
+            importance = np.minimum(ratio, 1.0).reshape(r.value.shape) if vtrace else None
+            adv, ret = compute_gae(r.reward, value.reshape(r.value.shape), r.terminated, r.truncated, r.episode_end,
+                                   r.agent_mask, refresh.truncation_value, refresh.last_value, agent.cfg.gamma,
+                                   agent.cfg.gae_lambda, importance)
+            np.testing.assert_allclose(batch["advantages"].reshape(-1, 3), adv.reshape(20, 3)[rows], atol=1e-5)
+            np.testing.assert_allclose(batch["returns"].reshape(-1, 3), ret.reshape(20, 3)[rows], atol=1e-5)
+            old = batch["old_value"].reshape(-1, 3).numpy()
+            np.testing.assert_allclose(old[seen[rows]], value[rows][seen[rows]], atol=1e-5)
+        else:
+            np.testing.assert_array_equal(batch["old_value"], first_old_value)
+        agent.modules.load_state_dict(weights)
+        with torch.no_grad():
+            v, _ = agent.values(batch["obs"], batch["state"], None, batch["episode_start"], batch["agent_mask"])
+            dist, _ = agent.policy(batch["obs"], batch["state"], None, batch["episode_start"], batch["action_mask"],
+                                   batch["agent_mask"])
+            log_prob = dist.log_prob(batch["actions"])
+        value[rows] = v.reshape(-1, 3).numpy()
+        ratio[rows] = (log_prob - batch["log_prob"]).exp().reshape(-1, 3).numpy()
+        seen[rows] = True
+    # the critic and the policy moved within the update, and the advantages with them
+    assert np.abs(value - r.value.reshape(20, 3)).max() > 1e-3
+    if vtrace:
+        assert np.abs(ratio - 1.0).max() > 1e-3
+
+
 def test_an_agent_absent_after_the_rollout_bootstraps_from_its_refreshed_value():
     """Its bootstrap is its own last value (it is not there to be valued): when the critic's values
     move, that bootstrap moves with them, so a constant shift of every value leaves its advantage
@@ -190,7 +259,7 @@ def test_an_agent_absent_after_the_rollout_bootstraps_from_its_refreshed_value()
     last_value = np.where(bootstrap.agent_mask, critic_bootstrap, rollout.value[0])   # agent 2: its value at t=0
     refresh = AdvantageRefresh(agent, RolloutBatch(rollout, bootstrap, np.zeros((2, 1, 3), bool)), last_value,
                                np.zeros_like(rollout.value))
-    refresh.record(torch.arange(2).reshape(2, 1), torch.from_numpy(rollout.value + 2.0))
+    refresh.record(torch.arange(2).reshape(2, 1), torch.from_numpy(rollout.value + 2.0), torch.zeros(2, 1, 3))
     data = {}
     refresh.apply(data)
     gamma = agent.cfg.gamma
@@ -213,7 +282,7 @@ def test_a_refresh_with_values_no_loss_recorded_is_an_error_not_zeros():
                           np.ones((1, 3, 5), bool), None)
     refresh = AdvantageRefresh(agent, RolloutBatch(rollout, bootstrap, np.zeros((2, 1, 3), bool)),
                                np.zeros((1, 3), np.float32), np.zeros((2, 1, 3), np.float32))
-    refresh.record(torch.arange(1).reshape(1, 1), torch.zeros(1, 1, 3))   # t=1 never recorded
+    refresh.record(torch.arange(1).reshape(1, 1), torch.zeros(1, 1, 3), torch.zeros(1, 1, 3))   # t=1 never recorded
     with pytest.raises(RuntimeError, match="no loss recorded"):
         refresh.apply({})
 

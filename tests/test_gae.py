@@ -109,3 +109,22 @@ def test_bootstrap_of_slots_absent_after_the_rollout():
     mask = np.array([[1, 0, 0], [1, 1, 0], [0, 1, 0], [0, 0, 0]], bool).reshape(4, 1, 3)
     # slot 0 last present at t=1 (value 3), slot 1 at t=2 (value 7), slot 2 never (0)
     np.testing.assert_array_equal(last_present_value(value, mask), [[3.0, 7.0, 0.0]])
+
+
+def test_importance_weighs_each_td_error_and_the_trace_through_it():
+    """V-trace's form with rho_t = c_t = w_t: A_t = w_t (delta_t + gamma lambda A_{t+1}), by hand,
+    and weights of 1 give plain GAE bit for bit."""
+    reward, value, last_value = [1.0, 0.0, 2.0], [0.5, 1.0, 1.5], 3.0
+    w = [0.5, 1.0, 0.25]
+    z = np.zeros((3, 1, 1), bool)
+    args = (np.asarray(reward, np.float32).reshape(3, 1, 1), np.asarray(value, np.float32).reshape(3, 1, 1), z, z,
+            np.zeros((3, 1), bool), ~z, np.zeros((3, 1, 1), np.float32), np.full((1, 1), last_value, np.float32), G, L)
+    adv, ret = compute_gae(*args, importance=np.asarray(w, np.float32).reshape(3, 1, 1))
+    a2 = 0.25 * (2.0 + G * 3.0 - 1.5)
+    a1 = 1.0 * (0.0 + G * 1.5 - 1.0 + G * L * a2)
+    a0 = 0.5 * (1.0 + G * 1.0 - 0.5 + G * L * a1)
+    np.testing.assert_allclose(adv.ravel(), [a0, a1, a2], rtol=1e-6)
+    np.testing.assert_allclose(ret.ravel(), np.array([a0, a1, a2]) + value, rtol=1e-6)
+    plain, _ = compute_gae(*args)
+    ones, _ = compute_gae(*args, importance=np.ones((3, 1, 1), np.float32))
+    assert np.array_equal(plain, ones)

@@ -30,7 +30,7 @@ from marlkit.networks.normalization import ValueNorm
 from marlkit.optim import Adam, gradient_step, gradient_steps
 from marlkit.precision import loss_precision, update_precision
 from marlkit.registry import get_model
-from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, minibatches
+from marlkit.storage import RolloutBatch, RolloutStorage, StorageLayout, gather, minibatches
 from marlkit.storage.returns import compute_gae, last_present_value
 
 log = logging.getLogger(__name__)
@@ -55,11 +55,17 @@ class OnPolicyConfig:
     huber_delta: Optional[float] = field(default=10.0, metadata=value_range(0.0))
     value_norm: bool = True
     advantage_norm: bool = True
-    # recompute the advantages and returns before every epoch after the first, from the values the
-    # critic gave each sample in the epoch before (PuffeRL refreshes them per minibatch): GAE then
-    # follows the critic as it learns within an update, at no extra forward pass. Only for agents
-    # whose advantages are GAE over their own values (not COMA's or POCA's)
-    advantage_refresh: bool = False
+    # recompute the advantages and returns within an update from the values the critic gave each
+    # sample in its latest minibatch, so that GAE follows the critic as it learns, at no extra
+    # forward pass: "epoch", before every epoch after the first; "minibatch", before every
+    # minibatch after the first, samples not yet seen keeping the rollout's values, and the value
+    # clip centred on the latest values (PuffeRL's refresh). Only for agents whose advantages are
+    # GAE over their own values (not COMA's or POCA's)
+    advantage_refresh: Literal["none", "epoch", "minibatch"] = "none"
+    # with advantage_refresh: each step's TD error and trace weighed by min(vtrace_clip, ratio), the
+    # ratio of the sample's latest minibatch (1 before it has one): V-trace's rho and c, as
+    # PuffeRL's advantages (its clips of 1); null: not weighed
+    vtrace_clip: Optional[float] = field(default=None, metadata=value_range(0.0))
     use_agent_id: bool = True
     chunk_length: Optional[int] = field(default=None, metadata=value_range(1))
     log_std_init: float = -0.5
@@ -164,9 +170,12 @@ class OnPolicyAgent(Agent):
             chunk = cfg.chunk_length or rc.horizon
             if rc.horizon % chunk:
                 raise ConfigError(f"{key}.chunk_length={chunk} must divide runner.horizon={rc.horizon}")
-        if cfg.advantage_refresh and cls.targets is not OnPolicyAgent.targets:
+        if cfg.advantage_refresh != "none" and cls.targets is not OnPolicyAgent.targets:
             raise ConfigError(f"{key}.advantage_refresh: {cls.registered_name} computes its advantages its own way, "
-                              "not by GAE over its values; set it to false")
+                              "not by GAE over its values; set it to none")
+        if cfg.vtrace_clip is not None and cfg.advantage_refresh == "none":
+            raise ConfigError(f"{key}.vtrace_clip={cfg.vtrace_clip} weighs the advantages an update recomputes, and "
+                              f"{key}.advantage_refresh is none; set it to minibatch (or epoch), or vtrace_clip to null")
         if len({size for _, size in recurrent}) > 1:
             raise ConfigError(f"{key}: a recurrent actor and critic need the same rnn_hidden, got "
                               + " and ".join(f"{role}.rnn_hidden={size}" for role, size in recurrent))
@@ -223,7 +232,7 @@ class OnPolicyAgent(Agent):
         entropy = masked_mean(entropy(), mask)
         new_value = value()
         if self._refresh is not None:
-            self._refresh.record(batch["rows"], new_value)
+            self._refresh.record(batch["rows"], new_value, log_prob - batch["log_prob"])
         critic_loss = value_loss(new_value, batch["old_value"], self.normalized_returns(batch["returns"]), mask,
                                  cfg.value_clip, cfg.huber_delta)
         loss = policy_loss + cfg.value_coef * critic_loss - cfg.entropy_coef * entropy
@@ -360,7 +369,8 @@ class OnPolicyAgent(Agent):
         arrays (advantages, returns, ...) and the episode starts."""
         rollout = batch.rollout
         last_value, truncation_value = self.estimate_values(batch)
-        if self.cfg.advantage_refresh and self.cfg.epochs > 1:   # until the update's gradient steps end
+        refreshes = {"none": False, "epoch": self.cfg.epochs > 1, "minibatch": True}[self.cfg.advantage_refresh]
+        if refreshes:   # until the update's gradient steps end
             self._refresh = AdvantageRefresh(self, batch, last_value, truncation_value)
         targets = self.targets(batch, last_value, truncation_value)
         targets["advantages"] = self.normalize_advantages(rollout, targets["advantages"])
@@ -369,6 +379,8 @@ class OnPolicyAgent(Agent):
                 **targets, "episode_start": batch.episode_start, **rollout.extras}
         if rollout.hidden is not None:
             data["hidden"] = rollout.hidden
+        if self._refresh is not None:
+            self._refresh.begin(data)
         return data
 
     def finals(self, rollout) -> dict[str, np.ndarray] | None:
@@ -429,11 +441,13 @@ class OnPolicyAgent(Agent):
             self.value_norm.update(self.tensor(returns[rollout.agent_mask]))
         return {"advantages": advantages, "returns": returns, "old_value": old_value.cpu().numpy()}
 
-    def gae(self, rollout, value: np.ndarray, last_value: np.ndarray,
-            truncation_value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(advantages, returns) ``[T, E, A]`` of the rollout's rewards over ``value`` (real scale)."""
+    def gae(self, rollout, value: np.ndarray, last_value: np.ndarray, truncation_value: np.ndarray,
+            importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(advantages, returns) ``[T, E, A]`` of the rollout's rewards over ``value`` (real scale),
+        each step weighed by ``importance`` (``compute_gae``)."""
         return compute_gae(rollout.reward, value, rollout.terminated, rollout.truncated, rollout.episode_end,
-                           rollout.agent_mask, truncation_value, last_value, self.cfg.gamma, self.cfg.gae_lambda)
+                           rollout.agent_mask, truncation_value, last_value, self.cfg.gamma, self.cfg.gae_lambda,
+                           importance)
 
     def normalize_advantages(self, rollout, advantages: np.ndarray) -> np.ndarray:
         """Zero mean, unit std over present slots (``advantage_norm``); absent slots get 0."""
@@ -460,11 +474,18 @@ class OnPolicyAgent(Agent):
             gradient_step(self.optimizer, self._clipped, loss, metrics, cfg.max_grad_norm, who)
             return metrics
 
+        refresh = self._refresh
+        per_minibatch = refresh is not None and cfg.advantage_refresh == "minibatch"
+
         def batches():
             for epoch in range(cfg.epochs):
-                if epoch and self._refresh is not None:
-                    self._refresh.apply(data)
-                yield from minibatches(data, cfg.minibatches, chunk, self.rng, rows=self._refresh is not None)
+                if epoch and refresh is not None and not per_minibatch:
+                    refresh.apply(data)
+                for i, batch in enumerate(minibatches(data, cfg.minibatches, chunk, self.rng, rows=refresh is not None)):
+                    if per_minibatch and (epoch or i):
+                        refresh.apply(data)
+                        batch.update({k: gather(data[k], batch["rows"]) for k in refresh.KEYS})
+                    yield batch
 
         return gradient_steps(batches(), planned, step, stop)
 
@@ -494,35 +515,59 @@ class OnPolicyAgent(Agent):
 
 
 class AdvantageRefresh:
-    """``advantage_refresh``: the values each sample got in an epoch's minibatches, and GAE
-    recomputed over them before the next epoch. The bootstrap values the critic computed and the
-    truncation values stay those the update began with; an agent absent after the rollout, whose
-    bootstrap is its own last value (``last_present_value``), takes it from the refreshed values."""
+    """``advantage_refresh``: the values (and, for ``vtrace_clip``, the ratios) each sample got in
+    its latest minibatch, and GAE recomputed over them. The bootstrap values the critic computed
+    and the truncation values stay those the update began with; an agent absent after the rollout,
+    whose bootstrap is its own last value (``last_present_value``), takes it from the refreshed
+    values. At epoch grain every sample has a value by the time GAE is recomputed; at minibatch
+    grain a sample not yet seen keeps the rollout's value and a ratio of 1, and ``old_value`` (the
+    value clip's centre) follows the latest values too."""
+
+    KEYS = ("advantages", "returns", "old_value")   # what apply() rewrites
 
     def __init__(self, agent: OnPolicyAgent, batch: RolloutBatch, last_value: np.ndarray,
                  truncation_value: np.ndarray):
         self.agent, self.rollout = agent, batch.rollout
+        self.per_minibatch = agent.cfg.advantage_refresh == "minibatch"
         self.bootstrap_mask = batch.bootstrap.agent_mask   # [E, A]: where last_value is the critic's
         self.last_value, self.truncation_value = last_value, truncation_value
         T, E, A = self.rollout.value.shape
-        # normalised values, a row per (t, e); NaN until a minibatch's loss records them
+        # normalised values and log-ratios, a row per (t, e); NaN until a minibatch's loss records them
         self.fresh = torch.full((T * E, A), float("nan"), device=agent.device)
+        self.log_ratio = torch.zeros((T * E, A), device=agent.device)
+        self.old_value: np.ndarray | None = None
 
-    def record(self, rows: torch.Tensor, value: torch.Tensor) -> None:
-        """``value`` ``[L, B, A]`` (normalised) of the samples at ``rows`` ``[L, B]`` of ``[T * E]``."""
-        self.fresh[rows.reshape(-1)] = value.detach().reshape(-1, value.shape[-1]).float()
+    def begin(self, data: dict[str, np.ndarray]) -> None:
+        """Keep the update's own ``old_value`` (normalised before this update's returns moved the
+        normaliser): the clip centre of the samples no minibatch has seen yet."""
+        self.old_value = data["old_value"]
+
+    def record(self, rows: torch.Tensor, value: torch.Tensor, log_ratio: torch.Tensor) -> None:
+        """``value`` ``[L, B, A]`` (normalised) and ``log_ratio`` (new over stored log-probability)
+        of the samples at ``rows`` ``[L, B]`` of ``[T * E]``."""
+        flat = rows.reshape(-1)
+        self.fresh[flat] = value.detach().reshape(-1, value.shape[-1]).float()
+        self.log_ratio[flat] = log_ratio.detach().reshape(-1, log_ratio.shape[-1]).float()
 
     @torch.no_grad()
     def apply(self, data: dict[str, np.ndarray]) -> None:
-        """New ``advantages`` (normalised as at the start) and ``returns`` in ``data``."""
+        """New ``advantages`` (normalised as at the start), ``returns`` and, per minibatch,
+        ``old_value`` in ``data``."""
         rollout, agent = self.rollout, self.agent
-        fresh = agent._denormalize(self.fresh).cpu().numpy().reshape(rollout.value.shape)
+        shape = rollout.value.shape
+        fresh = agent._denormalize(self.fresh).cpu().numpy().reshape(shape)
         present = rollout.agent_mask
-        if np.isnan(fresh[present]).any():
+        seen = ~np.isnan(fresh)
+        if not self.per_minibatch and not seen[present].all():
             raise RuntimeError(f"{agent.registered_name}: advantage_refresh found samples whose values no loss "
-                               "recorded; a loss must hand its values to ppo_loss (or set advantage_refresh: false)")
-        value = np.where(present, fresh, rollout.value)
+                               "recorded; a loss must hand its values to ppo_loss (or set advantage_refresh: none)")
+        value = np.where(present & seen, fresh, rollout.value)
         last_value = np.where(self.bootstrap_mask, self.last_value, last_present_value(value, present))
-        advantages, returns = agent.gae(rollout, value, last_value, self.truncation_value)
+        importance = None
+        if agent.cfg.vtrace_clip is not None:
+            importance = np.minimum(self.log_ratio.exp().cpu().numpy().reshape(shape), agent.cfg.vtrace_clip)
+        advantages, returns = agent.gae(rollout, value, last_value, self.truncation_value, importance)
         data["advantages"] = agent.normalize_advantages(rollout, advantages)
         data["returns"] = returns
+        if self.per_minibatch:
+            data["old_value"] = np.where(seen, self.fresh.cpu().numpy().reshape(shape), self.old_value)

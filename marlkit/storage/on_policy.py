@@ -85,3 +85,10 @@ def minibatches(data: dict[str, np.ndarray], num_minibatches: int, chunk_length:
         located = {"rows": flat} if rows else {}
         yield {k: v.index_select(0, flat.reshape(-1)).reshape(*flat.shape, *v.shape[1:])
                for k, v in arrays.items()} | located
+
+
+def gather(array: np.ndarray, rows: torch.Tensor) -> torch.Tensor:
+    """The samples of a ``[T, E, ...]`` array at ``rows`` ``[L, B]`` (indices ``t * E + e``, as
+    ``minibatches`` gives them) -> ``[L, B, ...]``."""
+    flat = torch.from_numpy(array).reshape(array.shape[0] * array.shape[1], *array.shape[2:])
+    return flat.index_select(0, rows.reshape(-1)).reshape(*rows.shape, *array.shape[2:])

@@ -19,7 +19,8 @@ def last_present_value(value: np.ndarray, agent_mask: np.ndarray) -> np.ndarray:
 
 def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                 episode_end: np.ndarray, agent_mask: np.ndarray, truncation_value: np.ndarray,
-                last_value: np.ndarray, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+                last_value: np.ndarray, gamma: float, lam: float,
+                importance: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Generalised advantage estimation over ``[T, E, A]`` with masks.
 
     - termination: the successor is worth 0; truncation: it is worth ``truncation_value[t]``, the
@@ -29,7 +30,10 @@ def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, t
       the rewards of the absent steps in between (an agent acting every k-th step is paid when it
       next decides); an agent's episode may also end while it is absent (``terminated`` or
       ``truncated`` there, per-agent episodes), which cuts it as if the cut were at its last action;
-    - ``last_value`` ``[E, A]`` bootstraps the step after the rollout.
+    - ``last_value`` ``[E, A]`` bootstraps the step after the rollout;
+    - ``importance`` ``[T, E, A]`` (None: 1 everywhere) weighs each step's TD error and the trace
+      through it, V-trace's ``rho_t`` and ``c_t`` where both are ``min(clip, ratio)`` (the caller
+      clips): a step the policy has since moved away from counts for less, as does what follows it.
     Time is counted in the agent's decisions: one ``gamma`` from a present step to the next.
     Returns (advantages, returns), both 0 where the agent is absent.
     """
@@ -47,6 +51,8 @@ def compute_gae(reward: np.ndarray, value: np.ndarray, terminated: np.ndarray, t
         reward_t = reward[t] + np.where(ended, 0.0, pending)
         delta = reward_t + gamma * successor - value[t]
         adv = delta + gamma * lam * np.where(ended, 0.0, next_adv)
+        if importance is not None:
+            adv = importance[t] * adv
         advantages[t] = np.where(present, adv, 0.0)
         next_adv = np.where(present, adv, np.where(ended, 0.0, next_adv))
         next_value = np.where(present, value[t], np.where(ended, successor, next_value))
