@@ -105,6 +105,30 @@ def test_the_real_games_tokens_match_the_reference_at_every_step():
     assert (tokens[:, :, 0] == GLOBAL).any() and expected.any(axis=(0, 2, 3)).sum() >= 4
 
 
+def test_the_games_cpp_step_alone_plays_the_game_of_the_simulations_step():
+    """The adapter steps mettagrid's C++ game itself where the Simulation's step would add only its
+    timers: the same views, rewards and ends at every step, through two episodes; a game with an
+    event handler (a game-stat threshold ends its episodes) keeps the Simulation's step."""
+    from mettagrid.config.mettagrid_config import MettaGridConfig
+    from marlkit.envs.mettagrid import MettaGridEnv, forage_config
+    direct, through = parallel_env(**SMALL, tags="planes"), parallel_env(**SMALL, tags="planes")
+    rng = np.random.default_rng(1)
+    for episode in range(2):
+        np.testing.assert_array_equal(direct.reset_arrays(seed=episode)[0], through.reset_arrays(seed=episode)[0])
+        assert direct._step == direct._sim._c_sim.step
+        through._step = through._sim.step
+        for t in range(SMALL["max_steps"]):
+            actions = rng.integers(5, size=SMALL["num_agents"])
+            for a, b in zip(direct.step_arrays(actions)[:4], through.step_arrays(actions)[:4]):
+                np.testing.assert_array_equal(a, b)
+        assert a.all() and through._sim.is_done()   # truncated at max_steps on both
+    cfg = forage_config(**SMALL)
+    cfg.game.end_episode_on_game_stats = {"heart.gained": 3.0}
+    watched = MettaGridEnv(MettaGridConfig.model_validate(cfg.model_dump()))
+    watched.reset_arrays(seed=0)
+    assert watched._step == watched._sim.step
+
+
 def test_the_spec_marlkit_reads_and_an_episode_that_ends_as_a_truncation():
     env = make_env(PettingZooConfig(factory=FACTORY, kwargs=SMALL))
     group = env.spec.groups["agents"]

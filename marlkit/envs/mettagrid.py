@@ -58,42 +58,53 @@ class TokenGrid:
         features = max(normalisation, default=0) + 1
         self.shape = (features + sum(categories.values()), height, width)
         c, cells = self.shape[0], height * width
-        # lookups of 256 entries indexed by the raw byte: no bounds checks per token
-        self.scale = np.zeros(256, np.float32)                      # feature id -> 255 / normalisation
-        for fid, norm in normalisation.items():
-            self.scale[fid] = 255.0 / max(float(norm), 1.0)
-        rows, cols = np.arange(256) >> 4, np.arange(256) & 0x0F
+        self.size = c * cells
+        dropped = -self.size                                        # below any offset added to it
+        # lookups indexed by one byte (the coordinate) or by two bytes read as one little-endian
+        # uint16 straight from the token array (coordinate | feature << 8, feature | value << 8):
+        # one fancy index per token instead of a chain of small array operations
+        byte = np.arange(256)
+        rows, cols = byte >> 4, byte & 0x0F
         rows[GLOBAL], cols[GLOBAL] = height // 2, width // 2
         inside = (rows < height) & (cols < width)
         inside[PADDING] = False
-        dropped = -c * cells                                        # makes any sum below negative
-        self.cell = np.where(inside, rows * width + cols, dropped)  # coord byte -> flat cell
-        self.channel = np.where(np.arange(256) < features, np.arange(256) * cells, dropped)   # feature id -> offset
-        # feature id -> the offset of its value 0's plane (categories), and how many values it has
-        self.plane = np.full(256, dropped)
-        self.values = np.zeros(256, np.int64)
+        self.cell = np.where(inside, rows * width + cols, dropped)  # coordinate -> flat cell
+        channel = np.where(byte < features, byte * cells, dropped)  # feature -> its channel's offset
+        low, high = np.arange(65536) & 0xFF, np.arange(65536) >> 8
+        where = self.cell[low] + channel[high]                      # coordinate | feature << 8 -> offset
+        self.where = np.where(where >= 0, where, -1)
+        scale = np.zeros(256, np.float32)                           # feature -> 255 / normalisation
+        for fid, norm in normalisation.items():
+            scale[fid] = 255.0 / max(float(norm), 1.0)
+        # feature | value << 8 -> the stored byte
+        self.stored = np.minimum(np.rint(high.astype(np.uint8) * scale[low]), 255).astype(np.uint8)
+        # feature | value << 8 -> the offset of that value's plane, where the feature is a category
+        first_plane = np.full(256, dropped)
+        values = np.zeros(256, np.int64)
         first = features
         for fid, count in sorted(categories.items()):
-            self.plane[fid], self.values[fid] = first * cells, count
+            first_plane[fid], values[fid] = first * cells, count
             first += count
+        self.plane = np.where(high < values[low], first_plane[low] + high * cells, 2 * dropped) if categories else None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
         """``tokens``: ``[A, T, 3]`` uint8 -> ``[A, C, H, W]`` uint8."""
         n, t = tokens.shape[:2]
-        size = int(np.prod(self.shape))
-        flat = tokens.reshape(n * t, 3)
+        tokens = np.ascontiguousarray(tokens, np.uint8)
+        coord_feature = np.ndarray((n * t,), "<u2", tokens, 0, (3,))
+        feature_value = np.ndarray((n * t,), "<u2", tokens, 1, (3,))
         # a few dozen of the 500 tokens are real: select them first, then work on those alone
-        real = np.flatnonzero(flat[:, 0] != PADDING)
-        coord, fid, value = flat[real].T
-        index = self.cell[coord] + self.channel[fid]
-        keep = index >= 0
-        out = np.zeros(n * size, np.uint8)
-        out[index[keep] + real[keep] // t * size] = np.minimum(np.rint(value[keep] * self.scale[fid[keep]]), 255)
-        if self.values.any():
-            category = value < self.values[fid]
-            index = self.cell[coord] + self.plane[fid] + value.astype(np.int64) * (self.shape[1] * self.shape[2])
-            keep = category & (self.cell[coord] >= 0) & (self.plane[fid] >= 0)
-            out[index[keep] + real[keep] // t * size] = 255
+        real = np.flatnonzero(tokens.reshape(n * t, 3)[:, 0] != PADDING)
+        first = real // t * self.size                               # each token's agent's image
+        pair = feature_value[real]
+        at = self.where[coord_feature[real]]
+        keep = at >= 0
+        out = np.zeros(n * self.size, np.uint8)
+        out[at[keep] + first[keep]] = self.stored[pair[keep]]
+        if self.plane is not None:
+            at = self.cell[tokens.reshape(n * t, 3)[real, 0]] + self.plane[pair]
+            keep = at >= 0
+            out[at[keep] + first[keep]] = 255
         return out.reshape(n, *self.shape)
 
 
@@ -151,6 +162,7 @@ class MettaGridEnv(ArrayParallelEnv):
         self._action_names = info.action_names
         self._action_ids = np.zeros(0, np.int32)   # policy action index -> the game's, set per game
         self._sim = None
+        self._step = None
         self._rng = np.random.default_rng()
 
     def observation_space(self, agent: str) -> spaces.Box:
@@ -171,12 +183,17 @@ class MettaGridEnv(ArrayParallelEnv):
         # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
         self._sim = Simulation(self.cfg, seed=episode_seed)
         self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
+        # the C++ step alone where the Simulation's own step adds nothing but its timers: no event
+        # handler (a config's end_episode_on_game_stats adds one) and no talk, which nothing here
+        # sends. Its timers cost as much Python per step as the game's C++ (docs/benchmarks.md)
+        plain = not getattr(self._sim, "_event_handlers", True)
+        self._step = self._sim._c_sim.step if plain else self._sim.step
         return self.grid(self._sim._c_sim.observations()), {}
 
     def step_arrays(self, actions: np.ndarray):
         c_sim = self._sim._c_sim   # the game's own arrays, as mettagrid's PettingZoo and PufferLib envs read them
         c_sim.actions()[:] = self._action_ids[actions]
-        self._sim.step()
+        self._step()
         return (self.grid(c_sim.observations()), c_sim.rewards().astype(np.float32),
                 c_sim.terminals().astype(bool), c_sim.truncations().astype(bool), {})
 

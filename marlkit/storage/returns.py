@@ -74,13 +74,17 @@ def _gae_all_present(reward, value, terminated, truncated, episode_end, truncati
     next_value = np.concatenate([value[1:], last_value.astype(np.float32)[None]])
     successor = np.where(terminated, 0.0, np.where(truncated, truncation_value, np.where(env_end, 0.0, next_value)))
     delta = reward + gamma * successor - value
+    # the trace's factor per step, float32 as the scalar gamma * lam meets float32 advantages
+    carry = np.where(ended, np.float32(0.0), np.float32(gamma * lam))
     advantages = np.zeros_like(reward, dtype=np.float32)
     next_adv = np.zeros_like(last_value, dtype=np.float32)
     for t in reversed(range(reward.shape[0])):
-        adv = delta[t] + gamma * lam * np.where(ended[t], 0.0, next_adv)
+        adv = advantages[t]   # written in place: three array operations per step
+        np.multiply(carry[t], next_adv, out=adv)
+        adv += delta[t]
         if importance is not None:
-            adv = importance[t] * adv
-        advantages[t] = next_adv = adv
+            adv *= importance[t]
+        next_adv = adv
     returns = (advantages + value).astype(np.float32)
     return advantages, returns
 
