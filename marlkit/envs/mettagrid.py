@@ -185,7 +185,7 @@ class MettaGridEnv(ArrayParallelEnv):
         self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
         # the C++ step alone where the Simulation's own step adds nothing but its timers: no event
         # handler (a config's end_episode_on_game_stats adds one) and no talk, which nothing here
-        # sends. Its timers cost as much Python per step as the game's C++ (docs/benchmarks.md)
+        # sends. Its timers cost as much Python per step as the game's C++ (docs/envs.md)
         plain = not getattr(self._sim, "_event_handlers", True)
         self._step = self._sim._c_sim.step if plain else self._sim.step
         return self.grid(self._sim._c_sim.observations()), {}
