@@ -43,16 +43,19 @@ test-fast: install
 
 # the tests that assert bit-identical results, under every ATen CPU capability this CPU can run
 # besides its own, which `make test` used (torch's kernels for each round differently; a claim of
-# exactness must hold under each): one test process per capability, each running every exact test
-# (pytest-xdist's --dist each), side by side
+# exactness must hold under each): with several, one test process per capability, each running
+# every exact test (pytest-xdist's --dist each), side by side; with one (an AVX2 CPU), TEST_JOBS
+# processes under it share the exact tests out, as make test shares the suite
 test-exact: install
 	@$(COMPILE)
 	@native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	case $$native in avx512) caps="default,avx2";; avx2) caps="default";; *) caps="";; esac; \
 	if [ -z "$$caps" ]; then echo "exact tests: no capability below this CPU's ($$native), which make test used"; \
 	else echo "exact tests under ATEN_CPU_CAPABILITY=$$caps (this CPU: $$native, which make test used)"; \
-	MARLKIT_EXACT_CAPABILITIES=$$caps $(BIN)/python -m pytest -n $$(echo $$caps | tr , ' ' | wc -w) --dist each \
-		-m exact $(ARGS); fi
+	n=$$(echo $$caps | tr , ' ' | wc -w); \
+	if [ $$n -eq 1 ]; then export ATEN_CPU_CAPABILITY=$$caps; dist="-n $(TEST_JOBS) --dist load"; \
+	else dist="-n $$n --dist each"; fi; \
+	MARLKIT_EXACT_CAPABILITIES=$$caps $(BIN)/python -m pytest $$dist -m exact $(ARGS); fi
 
 benchmark: install  ## throughput: MAPPO training vs raw env stepping
 	$(BIN)/python benchmarks/throughput.py $(ARGS)

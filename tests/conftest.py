@@ -2,12 +2,14 @@ import os
 import sys
 from pathlib import Path
 
-# make test-exact: every test process (pytest-xdist's worker gwK) runs every exact test, under the
-# K-th CPU capability named here, set before torch is imported (its kernels are chosen then; the
-# processes a test starts inherit it)
+# make test-exact: test process K (pytest-xdist's worker gwK) runs under the K-th CPU capability
+# named here (K modulo their number), set before torch is imported (its kernels are chosen then;
+# the processes a test starts inherit it). With several capabilities each process runs every exact
+# test (--dist each); with one, the processes share the exact tests out
 EXACT_CAPABILITIES = [c for c in os.environ.get("MARLKIT_EXACT_CAPABILITIES", "").split(",") if c]
 if EXACT_CAPABILITIES and os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
-    os.environ["ATEN_CPU_CAPABILITY"] = EXACT_CAPABILITIES[int(os.environ["PYTEST_XDIST_WORKER"][2:])]
+    worker = int(os.environ["PYTEST_XDIST_WORKER"][2:])
+    os.environ["ATEN_CPU_CAPABILITY"] = EXACT_CAPABILITIES[worker % len(EXACT_CAPABILITIES)]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -120,7 +122,7 @@ def empty_rollout(agent, num_envs: int, horizon: int):
 
 def pytest_report_header(config):
     if EXACT_CAPABILITIES:
-        return f"exact tests under each of the CPU capabilities {', '.join(EXACT_CAPABILITIES)}, a test process each"
+        return f"exact tests under each of the CPU capabilities {', '.join(EXACT_CAPABILITIES)}"
 
 
 def pytest_sessionstart(session):
