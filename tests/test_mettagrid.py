@@ -36,14 +36,14 @@ def test_tokens_land_at_their_cell_and_channel_scaled_by_their_normalisation():
                      [coord(2, 2), 9, 9]]     # feature 9: no such channel, dropped
     tokens[0, 6] = [PADDING, 2, 200]          # padding, whatever its feature and value
     tokens[1, 0] = [coord(3, 1), 2, 1]        # the second agent's own token
-    images = grid(tokens)
-    assert images.shape == (2, 4, 5, 7) and images.dtype == np.uint8
-    expected = np.zeros((2, 4, 5, 7))
-    expected[0, 1, 1, 2] = 0.5
-    expected[0, 0, 4, 6] = 1.0
-    expected[0, 3, 2, 3] = 0.4
-    expected[0, 1, 0, 0] = 1.0
-    expected[1, 2, 3, 1] = 1.0
+    images = grid(tokens)   # [A, H, W, C]
+    assert images.shape == (2, 5, 7, 4) and images.dtype == np.uint8
+    expected = np.zeros((2, 5, 7, 4))
+    expected[0, 1, 2, 1] = 0.5
+    expected[0, 4, 6, 0] = 1.0
+    expected[0, 2, 3, 3] = 0.4
+    expected[0, 0, 0, 1] = 1.0
+    expected[1, 3, 1, 2] = 1.0
     # the cnn model reads uint8 as value / 255: within one step of 255 of value / normalisation
     np.testing.assert_allclose(images / 255.0, expected, atol=0.5 / 255)
 
@@ -56,36 +56,37 @@ def test_a_category_gets_a_plane_per_value_beside_its_scaled_channel():
                      [coord(1, 1), 1, 1],     # a heart
                      [coord(2, 2), 1, 2],     # a wall
                      [coord(2, 0), 1, 7]]     # no such category: the scaled channel alone
-    images = grid(tokens)
-    assert images.shape == (1, 5, 3, 3)
-    assert images[0, 2, 0, 0] == images[0, 3, 1, 1] == images[0, 4, 2, 2] == 255
-    assert images[0, 2:].sum() == 3 * 255
-    np.testing.assert_array_equal(images[0, 1], np.rint(np.array([[0, 0, 0], [0, 25.5, 0], [178.5, 0, 51]])))
+    images = grid(tokens)   # [A, H, W, C]
+    assert images.shape == (1, 3, 3, 5)
+    assert images[0, 0, 0, 2] == images[0, 1, 1, 3] == images[0, 2, 2, 4] == 255
+    assert images[0, ..., 2:].sum() == 3 * 255
+    np.testing.assert_array_equal(images[0, ..., 1], np.rint(np.array([[0, 0, 0], [0, 25.5, 0], [178.5, 0, 51]])))
 
 
 def test_tag_planes_show_each_object_kind_on_the_real_game():
     scaled, planes = parallel_env(**SMALL), parallel_env(**SMALL, tags="planes")
     a, b = scaled.reset_arrays(seed=3)[0], planes.reset_arrays(seed=3)[0]
-    n_tags = b.shape[1] - a.shape[1]
+    n_tags = b.shape[-1] - a.shape[-1]
     assert n_tags == 3                                       # type:agent, type:heart, type:wall
-    np.testing.assert_array_equal(b[:, :a.shape[1]], a)     # the scaled channels unchanged
-    agent_plane = b[:, a.shape[1]]
+    np.testing.assert_array_equal(b[..., :a.shape[-1]], a)  # the scaled channels unchanged
+    agent_plane = b[..., a.shape[-1]]
     assert (agent_plane[:, 6, 6] == 255).all()               # every agent sees itself at the centre
     with pytest.raises(ConfigError, match="env.kwargs.tags"):
         parallel_env(tags="onehot")
 
 
 def reference_images(tokens: np.ndarray, height: int, width: int, normalisation: dict[int, float]) -> np.ndarray:
-    """A plain loop over every token, as mettagrid's GridObsWrapper defines the image, clipped at 1."""
+    """A plain loop over every token, as mettagrid's GridObsWrapper defines the image, clipped at 1:
+    ``[A, H, W, C]``."""
     channels = max(normalisation) + 1
-    out = np.zeros((tokens.shape[0], channels, height, width))
+    out = np.zeros((tokens.shape[0], height, width, channels))
     for a, agent_tokens in enumerate(tokens):
         for c, fid, value in agent_tokens.tolist():
             if c == PADDING:
                 continue
             row, col = (height // 2, width // 2) if c == GLOBAL else (c >> 4, c & 0x0F)
             if row < height and col < width and fid < channels:
-                out[a, fid, row, col] += value / max(normalisation[fid], 1.0)
+                out[a, row, col, fid] += value / max(normalisation[fid], 1.0)
     return np.minimum(out, 1.0)
 
 
@@ -102,7 +103,7 @@ def test_the_real_games_tokens_match_the_reference_at_every_step():
         expected = reference_images(tokens, info.obs_height, info.obs_width, normalisation)
         np.testing.assert_allclose(env.grid(tokens) / 255.0, expected, atol=0.5 / 255)
     # walls and hearts in view, and the global tokens at the centre
-    assert (tokens[:, :, 0] == GLOBAL).any() and expected.any(axis=(0, 2, 3)).sum() >= 4
+    assert (tokens[:, :, 0] == GLOBAL).any() and expected.any(axis=(0, 1, 2)).sum() >= 4
 
 
 def test_the_games_cpp_step_alone_plays_the_game_of_the_simulations_step():
@@ -133,14 +134,16 @@ def test_the_spec_marlkit_reads_and_an_episode_that_ends_as_a_truncation():
     env = make_env(PettingZooConfig(factory=FACTORY, kwargs=SMALL))
     group = env.spec.groups["agents"]
     assert list(env.spec.groups) == ["agents"] and group.agents == ["agent_0", "agent_1"]
-    channels = group.obs_shape[0]
-    assert group.obs_shape == (channels, 13, 13) and channels >= 10 and group.n_actions == 5
-    assert group.observation_space.dtype == np.uint8
-    # no state() of its own: the agents' views stacked along the channels
+    channels = group.obs_shape[-1]
+    # [H, W, C], as the env declares it (the shape alone would read as channels first)
+    assert group.obs_shape == (13, 13, channels) and channels >= 10 and group.n_actions == 5
+    assert group.channels_last and group.observation_space.dtype == np.uint8
+    # no state() of its own: the agents' views stacked along the channels, channels first
     assert env.spec.state_shape == (2 * channels, 13, 13) and env.spec.state_from_obs
+    assert env.spec.state_channels_last is False
     first = env.reset(seed=7)
-    assert first.obs["agents"].shape == (2, channels, 13, 13)
-    np.testing.assert_array_equal(first.state, first.obs["agents"].reshape(2 * channels, 13, 13))
+    assert first.obs["agents"].shape == (2, 13, 13, channels)
+    np.testing.assert_array_equal(first.state, first.obs["agents"].transpose(0, 3, 1, 2).reshape(2 * channels, 13, 13))
     rng = np.random.default_rng(0)
     team_return = 0.0
     for t in range(1, 17):
@@ -164,7 +167,7 @@ def test_walking_into_a_heart_picks_it_up_and_pays_one():
     moves = {(-1, 0): 1, (1, 0): 2, (0, -1): 3, (0, 1): 4}   # north, south, west, east
 
     def greedy(view):
-        cells = np.argwhere(view[heart] > 0)
+        cells = np.argwhere(view[..., heart] > 0)   # view: [H, W, C]
         cells = cells[(cells != (6, 6)).any(axis=1)]   # the agent's own inventory, at the centre
         if not len(cells):
             return 4

@@ -1,6 +1,8 @@
 """Observations of any shape, image critics and the default global state: what many agents with
 small images need (the synthetic grid battle of ``benchmarks/scaling.py`` is the env)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -223,9 +225,10 @@ class Views(ParallelEnv):
     views stack channels-first to (20, 13, 11), whose shortest side is not the channel axis."""
     metadata = {"name": "views"}
 
-    def __init__(self, shape=(13, 11, 5), n=4):
+    def __init__(self, shape=(13, 11, 5), n=4, channels_last=None):
         self.shape, self.possible_agents = shape, [f"agent_{i}" for i in range(n)]
         self.agents = []
+        self.channels_last = channels_last   # the layout declared, or None: guessed from the shape
 
     def observation_space(self, agent):
         return spaces.Box(0, 255, self.shape, np.uint8)
@@ -234,7 +237,7 @@ class Views(ParallelEnv):
         return spaces.Discrete(2)
 
     def view(self, i):
-        channels_last = self.shape[2] < self.shape[0]
+        channels_last = self.shape[2] < self.shape[0] if self.channels_last is None else self.channels_last
         c = np.arange(self.shape[1] if channels_last else self.shape[2])
         column = 5 * (c // 15) + 15 * (c % 15 == 14)
         return np.broadcast_to(i + (column[None, :, None] if channels_last else column), self.shape).astype(np.uint8)
@@ -257,6 +260,38 @@ def test_the_stacked_state_is_read_channels_first_whatever_its_shape():
     pinned = _agent("MAPPO", group, env.spec.state_shape, np.uint8, env.spec.state_channels_last,
                     critic=ModelConfig(name="cnn", hidden_sizes=[16], kwargs={"channels_last": True}))
     assert pinned.modules["critic"].conv[0].in_channels == 11         # the user's kwargs win
+
+
+def test_a_declared_layout_is_read_as_declared_through_the_state_the_wrappers_and_the_cnn():
+    """(14, 14, 16) images, declared channels-last, which their shape would read as channels-first
+    (mettagrid's (13, 13, 19) views are such): resized, frame-stacked and convolved as [H, W, C]."""
+    from marlkit.config import EnvConfig
+    from marlkit.envs.wrappers import wrap
+
+    env = PettingZooEnv(Views((14, 14, 16), n=2, channels_last=True))
+    group = env.spec.groups["agents"]
+    assert group.channels_last is True and env.spec.state_shape == (32, 14, 14)
+    ob = env.reset(seed=0)
+    np.testing.assert_array_equal(ob.state[16:], 1)                   # agent 1's sixteen planes
+    agent = _agent("MAPPO", group, env.spec.state_shape, np.uint8, env.spec.state_channels_last,
+                   actor=ModelConfig(name="cnn", hidden_sizes=[16]), critic=ModelConfig(name="cnn", hidden_sizes=[16]))
+    assert agent.modules["actor"].conv[0].in_channels == 16           # the shape alone would say 14
+    assert agent.modules["critic"].conv[0].in_channels == 32
+
+    wrapped = wrap(env, EnvConfig(resize=[7, 7], frame_stack=2))
+    stacked = wrapped.spec.groups["agents"]
+    assert stacked.obs_shape == (7, 7, 32) and stacked.channels_last is True
+    assert wrapped.spec.state_shape == (32, 7, 7)
+    first = wrapped.reset(seed=0).obs["agents"]
+    # column c of agent i holds i, plus 15 in column 14, which 14 columns do not reach: means of i
+    np.testing.assert_array_equal(first, np.broadcast_to(np.arange(2)[:, None, None, None], (2, 7, 7, 32)))
+    frames = wrapped.env                                              # the frame stack's input: resized views
+    later = frames.observe(replace(ob, obs={"agents": ob.obs["agents"] + 100}), first=False)
+    newest = wrapped.observe(later, first=False).obs["agents"]
+    np.testing.assert_array_equal(newest[..., :16], first[..., :16])  # the oldest frame, then the newest
+    np.testing.assert_array_equal(newest[..., 16:], first[..., 16:] + 100)
+    with pytest.raises(ConfigError, match="channels_last is 'yes'"):
+        PettingZooEnv(Views((14, 14, 16), n=2, channels_last="yes"))
 
 
 def test_the_default_state_of_large_frames_is_shrunk_by_whole_blocks():

@@ -6,7 +6,10 @@ coordinate byte holds the row in its high nibble and the column in its low one, 
 list and ``0xFE`` marks a global token (episode progress, last action, last reward), which belongs
 to no cell and is drawn at the centre of the view, where the agent itself stands (as mettagrid's
 own ``GridObsWrapper``). A CNN wants images, so every step the tokens of all agents become one
-``[A, C, H, W]`` uint8 array in one vectorised scatter (:class:`TokenGrid`).
+``[A, H, W, C]`` uint8 array in one vectorised scatter (:class:`TokenGrid`): channels last, the
+memory layout the ``cnn`` model convolves in, so that the update moves no pixels before converting
+them to floats (the env declares the layout, ``channels_last``: ``(13, 13, 19)`` would be guessed
+wrong).
 
 The map is built from mettagrid's own ``make_navigation`` game (moves and a no-op; each heart in an
 agent's inventory pays 1), on its ``RandomMapBuilder``. mettagrid ships no object that hands out
@@ -37,9 +40,9 @@ def _import_mettagrid():
 
 
 class TokenGrid:
-    """``[A, T, 3]`` uint8 tokens -> ``[A, C, H, W]`` uint8 images.
+    """``[A, T, 3]`` uint8 tokens -> ``[A, H, W, C]`` uint8 images.
 
-    A token's value lands at (feature, row, column); a global token at the centre cell; padding,
+    A token's value lands at (row, column, feature); a global token at the centre cell; padding,
     cells outside the view and unknown feature ids are dropped. Values are stored as
     ``value * 255 / normalisation`` (mettagrid's per-feature scale, at least 1), clipped to 255, so
     that the ``cnn`` model's 1/255 turns a cell into ``value / normalisation`` as ``GridObsWrapper``
@@ -56,9 +59,9 @@ class TokenGrid:
                  categories: dict[int, int] | None = None):
         categories = categories or {}
         features = max(normalisation, default=0) + 1
-        self.shape = (features + sum(categories.values()), height, width)
-        c, cells = self.shape[0], height * width
-        self.size = c * cells
+        c = features + sum(categories.values())
+        self.shape = (height, width, c)
+        self.size = c * height * width
         dropped = -self.size                                        # below any offset added to it
         # lookups indexed by one byte (the coordinate) or by two bytes read as one little-endian
         # uint16 straight from the token array (coordinate | feature << 8, feature | value << 8):
@@ -68,8 +71,8 @@ class TokenGrid:
         rows[GLOBAL], cols[GLOBAL] = height // 2, width // 2
         inside = (rows < height) & (cols < width)
         inside[PADDING] = False
-        self.cell = np.where(inside, rows * width + cols, dropped)  # coordinate -> flat cell
-        channel = np.where(byte < features, byte * cells, dropped)  # feature -> its channel's offset
+        self.cell = np.where(inside, (rows * width + cols) * c, dropped)  # coordinate -> its cell's offset
+        channel = np.where(byte < features, byte, dropped)                 # feature -> its channel
         low, high = np.arange(65536) & 0xFF, np.arange(65536) >> 8
         where = self.cell[low] + channel[high]                      # coordinate | feature << 8 -> offset
         self.where = np.where(where >= 0, where, -1)
@@ -78,17 +81,17 @@ class TokenGrid:
             scale[fid] = 255.0 / max(float(norm), 1.0)
         # feature | value << 8 -> the stored byte
         self.stored = np.minimum(np.rint(high.astype(np.uint8) * scale[low]), 255).astype(np.uint8)
-        # feature | value << 8 -> the offset of that value's plane, where the feature is a category
+        # feature | value << 8 -> the channel of that value's plane, where the feature is a category
         first_plane = np.full(256, dropped)
         values = np.zeros(256, np.int64)
         first = features
         for fid, count in sorted(categories.items()):
-            first_plane[fid], values[fid] = first * cells, count
+            first_plane[fid], values[fid] = first, count
             first += count
-        self.plane = np.where(high < values[low], first_plane[low] + high * cells, 2 * dropped) if categories else None
+        self.plane = np.where(high < values[low], first_plane[low] + high, 2 * dropped) if categories else None
 
     def __call__(self, tokens: np.ndarray) -> np.ndarray:
-        """``tokens``: ``[A, T, 3]`` uint8 -> ``[A, C, H, W]`` uint8."""
+        """``tokens``: ``[A, T, 3]`` uint8 -> ``[A, H, W, C]`` uint8."""
         n, t = tokens.shape[:2]
         tokens = np.ascontiguousarray(tokens, np.uint8)
         coord_feature = np.ndarray((n * t,), "<u2", tokens, 0, (3,))
@@ -134,8 +137,8 @@ def forage_config(num_agents: int, width: int, height: int, hearts: int, walls: 
 
 class MettaGridEnv(ArrayParallelEnv):
     """A PettingZoo ``ParallelEnv`` in arrays (:class:`~marlkit.envs.array_env.ArrayParallelEnv`)
-    over a mettagrid config: agents ``agent_0 ..``, observations ``[C, H, W]`` uint8 images,
-    ``Discrete`` actions.
+    over a mettagrid config: agents ``agent_0 ..``, observations ``[H, W, C]`` uint8 images
+    (declared: ``channels_last``), ``Discrete`` actions.
 
     It drives mettagrid's ``Simulation`` itself (one C++ game per episode, as mettagrid's own
     PettingZoo and PufferLib envs do) and declares no ``state_space``: mettagrid's PettingZoo env
@@ -144,6 +147,7 @@ class MettaGridEnv(ArrayParallelEnv):
     """
 
     metadata: ClassVar[dict] = {"name": "mettagrid", "render_modes": []}
+    channels_last: ClassVar[bool] = True   # the images' layout, read by the pettingzoo adapter
 
     def __init__(self, cfg, tag_planes: bool = False):
         _import_mettagrid()

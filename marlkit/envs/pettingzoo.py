@@ -98,9 +98,11 @@ def state_factors(height: int, width: int) -> tuple[int, int]:
     return block_factors(height, width, STATE_SIDE)
 
 
-def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[tuple[int, ...], np.dtype, bool]:
+def default_state(obs_spaces: list[spaces.Space], mode: str = "auto",
+                  channels_last: bool | None = None) -> tuple[tuple[int, ...], np.dtype, bool]:
     """Shape, dtype and kind of the global state of an env without ``state()``, built from the
     observations of all agent slots (groups in order, slots in order) -> (shape, dtype, stacked).
+    ``channels_last``: the images' layout as the env declares it; None: guessed from each shape.
 
     ``auto``: when every observation is an image of the same height and width, the images stacked
     along the channel axis, channels first (``A`` agents of ``(13, 13, 5)`` -> ``(5 * A, 13, 13)``),
@@ -112,20 +114,21 @@ def default_state(obs_spaces: list[spaces.Space], mode: str = "auto") -> tuple[t
     """
     dtype = np.dtype(np.uint8 if all(s.dtype == np.uint8 for s in obs_spaces) else np.float32)
     shapes = [tuple(s.shape) for s in obs_spaces]
-    layouts = {is_channels_last(shape) for shape in shapes}
-    sides = {shape[:2] if is_channels_last(shape) else shape[1:] for shape in shapes if len(shape) == 3}
-    if mode == "auto" and all(len(shape) == 3 for shape in shapes) and len(layouts) == 1 and len(sides) == 1:
-        channels = sum(shape[2] if is_channels_last(shape) else shape[0] for shape in shapes)
+    last = {shape: is_channels_last(shape) if channels_last is None else channels_last for shape in shapes}
+    sides = {shape[:2] if last[shape] else shape[1:] for shape in shapes if len(shape) == 3}
+    if mode == "auto" and all(len(shape) == 3 for shape in shapes) and len(set(last.values())) == 1 and len(sides) == 1:
+        channels = sum(shape[2] if last[shape] else shape[0] for shape in shapes)
         (h, w), = sides
         fh, fw = state_factors(h, w)
         return (channels, h // fh, w // fw), dtype, True
     return (int(sum(np.prod(shape) for shape in shapes)),), dtype, False
 
 
-def _channels_first(images: np.ndarray) -> np.ndarray:
-    """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` -> ``[A * C, h, w]``, shrunk to at most
-    ``STATE_SIDE`` a side by averaging whole blocks (the rows and columns left over are dropped)."""
-    if is_channels_last(images.shape[1:]):
+def _channels_first(images: np.ndarray, channels_last: bool | None) -> np.ndarray:
+    """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` (``channels_last``; None: guessed from
+    the shape) -> ``[A * C, h, w]``, shrunk to at most ``STATE_SIDE`` a side by averaging whole
+    blocks (the rows and columns left over are dropped)."""
+    if is_channels_last(images.shape[1:]) if channels_last is None else channels_last:
         images = images.transpose(0, 3, 1, 2)
     images = images.reshape(-1, *images.shape[2:])
     fh, fw = state_factors(*images.shape[1:])
@@ -228,6 +231,11 @@ class PettingZooEnv(MultiAgentEnv):
         self._obs_space.update({a: spaces.Box(0.0, 1.0, (n,), np.float32) for a, n in self._one_hot.items()})
         act_space = {a: env.action_space(a) for a in agents}
         self._act_space = act_space
+        # an env may declare its images' layout; else each shape's layout is guessed (is_channels_last)
+        channels_last = getattr(env, "channels_last", None)
+        if channels_last not in (None, True, False):
+            raise ConfigError(f"env.factory: {type(env).__name__}.channels_last is {channels_last!r}; it declares "
+                              "the layout of the env's image observations: True ([H, W, C]), False ([C, H, W]) or None")
 
         def same_spaces(members):
             return all(self._obs_space[m] == self._obs_space[members[0]] and act_space[m] == act_space[members[0]]
@@ -237,7 +245,8 @@ class PettingZooEnv(MultiAgentEnv):
         self.groups, self._padded = {}, {}   # _padded: agent -> its flat observation's length
         for g, names in members.items():
             if same_spaces(names):
-                self.groups[g] = GroupSpec(g, names, self._obs_space[names[0]], act_space[names[0]])
+                self.groups[g] = GroupSpec(g, names, self._obs_space[names[0]], act_space[names[0]],
+                                           channels_last=channels_last)
             elif pad_spaces:
                 self.groups[g] = GroupSpec(g, names, *pad_group_spaces(g, names, self._obs_space, act_space))
                 self._padded.update({a: int(np.prod(self._obs_space[a].shape)) for a in names})
@@ -260,7 +269,7 @@ class PettingZooEnv(MultiAgentEnv):
         else:
             slots = [gs.observation_space for gs in self.groups.values() for _ in gs.agents]
             mode = "concat" if state == "concat" else "auto"   # state: env without a state(): as auto
-            state_shape, state_dtype, self._stacked_state = default_state(slots, mode)
+            state_shape, state_dtype, self._stacked_state = default_state(slots, mode, channels_last)
         fps = int(getattr(env, "metadata", {}).get("render_fps", 10) or 10)
         # the env's own limit (MPE's, butterfly's and sisl's max_cycles), or the one marlkit imposes
         own = getattr(getattr(env, "unwrapped", env), "max_cycles", None)
@@ -388,7 +397,7 @@ class PettingZooEnv(MultiAgentEnv):
         if self._env_state:
             out.state[:] = self._env_state_now()
         elif self._stacked_state:
-            out.state[:] = np.concatenate([_channels_first(o) for o in out.obs.values()])
+            out.state[:] = np.concatenate([_channels_first(o, self.groups[g].channels_last) for g, o in out.obs.items()])
         else:
             out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()]) if self.groups else 0
 

@@ -1,10 +1,11 @@
 """Observation wrappers applied to any env when it is built, configured by generic ``env:`` keys.
 
-``env.resize: [H, W]`` resizes image observations ``[C, H, W]`` (and an image ``state`` of the
-same height and width); without it, images of either layout with a side over
-``env.max_image_side`` (64) are shrunk by whole-number block averages until none is (280x480 ->
-56x60); ``env.frame_stack: K`` stacks each agent's last K observations along the
-channel axis, ``[C, H, W] -> [K * C, H, W]``. All work on the single-env contract
+``env.resize: [H, W]`` resizes image observations (and an image ``state`` of the same height and
+width); without it, images with a side over ``env.max_image_side`` (64) are shrunk by
+whole-number block averages until none is (280x480 -> 56x60); ``env.frame_stack: K`` stacks each
+agent's last K observations along the channel axis, ``[C, H, W] -> [K * C, H, W]`` (``[H, W, C]
+-> [H, W, K * C]``). Images may be in either layout: the group's declared one
+(``GroupSpec.channels_last``), else the one its shape suggests. All work on the single-env contract
 (:class:`~marlkit.envs.core.MultiAgentEnv`), so they serve every env type and every vector env.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from gymnasium import spaces
 
 from marlkit.config import ConfigError, EnvConfig
-from marlkit.envs.core import EnvSpec, MultiAgentEnv, Observation
+from marlkit.envs.core import EnvSpec, GroupSpec, MultiAgentEnv, Observation
 from marlkit.spec import is_channels_last
 
 
@@ -58,12 +59,20 @@ class EnvWrapper(MultiAgentEnv):
 
 def _image_box(space: spaces.Space, key: str) -> spaces.Box:
     if not isinstance(space, spaces.Box) or len(space.shape) != 3:
-        raise ConfigError(f"{key} needs image observations [C, H, W]; this env's are {space}")
+        raise ConfigError(f"{key} needs image observations [C, H, W] or [H, W, C]; this env's are {space}")
     return space
 
 
+def _channels_last(gs: GroupSpec) -> bool:
+    """The layout of a group's images: declared, else guessed from their shape."""
+    return gs.channels_last if gs.channels_last is not None else is_channels_last(gs.obs_shape)
+
+
 def _with_obs_spaces(spec: EnvSpec, make) -> EnvSpec:
-    return replace(spec, groups={g: replace(gs, observation_space=make(gs.observation_space))
+    """``make(box, channels_last)``: each group's new observation space. The layout is then declared,
+    as the new shape might suggest the other one (four ``(13, 13, 5)`` frames: ``(13, 13, 20)``)."""
+    return replace(spec, groups={g: replace(gs, observation_space=make(gs.observation_space, _channels_last(gs)),
+                                            channels_last=_channels_last(gs))
                                  for g, gs in spec.groups.items()})
 
 
@@ -97,19 +106,27 @@ class ResizeObservation(EnvWrapper):
         if min(self.size) < 1:
             raise ConfigError(f"env.resize: {list(size)} must be two positive numbers [H, W]")
 
-        def resized(space):
+        def resized(space, channels_last):
             box = _image_box(space, "env.resize")
-            return spaces.Box(box.low.min(), box.high.max(), (box.shape[0], *self.size), box.dtype)
+            shape = (*self.size, box.shape[2]) if channels_last else (box.shape[0], *self.size)
+            return spaces.Box(box.low.min(), box.high.max(), shape, box.dtype)
 
+        self.channels_last = {g: _channels_last(gs) for g, gs in env.spec.groups.items()}
         self.spec = _with_obs_spaces(env.spec, resized)
-        first = next(iter(env.spec.groups.values())).obs_shape
-        state = env.spec.state_shape
-        self.resize_state = len(state) == 3 and state[1:] == first[1:]
+        first = next(iter(env.spec.groups.values()))
+        side = first.obs_shape[:2] if self.channels_last[first.name] else first.obs_shape[1:]
+        state = env.spec.state_shape   # an image state as the default one stacks views: channels first
+        self.resize_state = len(state) == 3 and state[1:] == side
         if self.resize_state:
             self.spec.state_shape = (state[0], *self.size)
 
+    def _resize(self, g: str, o: np.ndarray) -> np.ndarray:
+        if not self.channels_last[g]:
+            return resize_images(o, self.size)
+        return np.moveaxis(resize_images(np.moveaxis(o, -1, -3), self.size), -3, -1)
+
     def observe(self, ob: Observation, first: bool) -> Observation:
-        obs = {g: resize_images(o, self.size) for g, o in ob.obs.items()}
+        obs = {g: self._resize(g, o) for g, o in ob.obs.items()}
         state = resize_images(ob.state, self.size) if self.resize_state else ob.state
         final = getattr(ob, "final", None)
         return replace(ob, obs=obs, state=state, **({"final": self.observe(final, first)} if final is not None else {}))
@@ -133,7 +150,7 @@ class ShrinkImages(EnvWrapper):
         for g, gs in env.spec.groups.items():
             shape = gs.obs_shape
             if len(shape) == 3:
-                last = gs.channels_last if gs.channels_last is not None else is_channels_last(shape)
+                last = _channels_last(gs)
                 H, W = shape[:2] if last else shape[1:]
                 fh, fw = block_factors(H, W, side)
                 if (fh, fw) != (1, 1):
@@ -141,7 +158,8 @@ class ShrinkImages(EnvWrapper):
                     self.plan[g] = (last, (size[0] * fh, size[1] * fw), size)
                     box = gs.observation_space
                     new = (*size, shape[2]) if last else (shape[0], *size)
-                    gs = replace(gs, observation_space=spaces.Box(box.low.min(), box.high.max(), new, box.dtype))
+                    gs = replace(gs, observation_space=spaces.Box(box.low.min(), box.high.max(), new, box.dtype),
+                                 channels_last=last)
             groups[g] = gs
         self.spec = replace(env.spec, groups=groups)
 
@@ -165,23 +183,27 @@ class FrameStack(EnvWrapper):
         super().__init__(env)
         self.k = k
 
-        def stacked(space):
+        def stacked(space, channels_last):
             box = _image_box(space, "env.frame_stack")
-            return spaces.Box(box.low.min(), box.high.max(), (box.shape[0] * k, *box.shape[1:]), box.dtype)
+            shape = (*box.shape[:2], box.shape[2] * k) if channels_last else (box.shape[0] * k, *box.shape[1:])
+            return spaces.Box(box.low.min(), box.high.max(), shape, box.dtype)
 
         self.spec = _with_obs_spaces(env.spec, stacked)
+        # the channel axis of a group's [A, C, H, W] or [A, H, W, C] observations
+        self.axis = {g: 3 if _channels_last(gs) else 1 for g, gs in env.spec.groups.items()}
         self.frames: dict[str, np.ndarray] = {}
 
     def observe(self, ob: Observation, first: bool) -> Observation:
         out = {}
-        for g, o in ob.obs.items():   # o: [A, C, H, W]
-            c = o.shape[1]
+        for g, o in ob.obs.items():
+            axis = self.axis[g]
+            c = o.shape[axis]
             if first or g not in self.frames:
-                self.frames[g] = np.concatenate([o] * self.k, axis=1)
+                self.frames[g] = np.concatenate([o] * self.k, axis=axis)
             else:
-                stack = self.frames[g]
+                stack = np.moveaxis(self.frames[g], axis, 1)   # a view: writes land in the stack
                 stack[:, :-c] = stack[:, c:]
-                stack[:, -c:] = o
+                stack[:, -c:] = np.moveaxis(o, axis, 1)
             out[g] = self.frames[g].copy()
         if getattr(ob, "final", None) is not None:
             raise ConfigError("env.frame_stack: this env restarts single agents within an episode, "
