@@ -121,7 +121,7 @@ def marlkit_side(updates: int) -> dict:
                              **{**overrides, "runner.run_root": root})
         wall, cpu = time.perf_counter() - start_wall, cpu_seconds() - start_cpu
         weights = torch.load(result.run_dir / "latest.pt", map_location="cpu", weights_only=False)
-    env = parallel_env()
+    env = parallel_env(**cfg.env.kwargs)   # the YAML's map and tags: the views it trained on
     return {"wall_s": wall, "cpu_s": cpu, "env_steps": result.steps, "parameters": _parameters(weights),
             "obs_shape": list(env.observation_space("agent_0").shape),
             "losses": {k: v for k, v in result.metrics.items() if k.endswith(("_loss", "entropy"))}}
