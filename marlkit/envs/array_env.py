@@ -75,6 +75,7 @@ class DictsOnly:
         self.possible_agents = env.possible_agents
         self.observation_space, self.action_space = env.observation_space, env.action_space
         self.metadata = getattr(env, "metadata", {})
+        self.channels_last = getattr(env, "channels_last", None)   # the images' layout, as declared
 
     @property
     def agents(self) -> list[str]:
