@@ -71,8 +71,9 @@ def _channels_last(gs: GroupSpec) -> bool:
 def _with_obs_spaces(spec: EnvSpec, make) -> EnvSpec:
     """``make(box, channels_last)``: each group's new observation space. The layout is then declared,
     as the new shape might suggest the other one (four ``(13, 13, 5)`` frames: ``(13, 13, 20)``)."""
-    return replace(spec, groups={g: replace(gs, observation_space=make(gs.observation_space, _channels_last(gs)),
-                                            channels_last=_channels_last(gs))
+    layouts = {g: _channels_last(gs) for g, gs in spec.groups.items()}
+    return replace(spec, groups={g: replace(gs, observation_space=make(gs.observation_space, layouts[g]),
+                                            channels_last=layouts[g])
                                  for g, gs in spec.groups.items()})
 
 
@@ -99,6 +100,13 @@ def resize_images(x: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return x[..., rows[:, None], cols]
 
 
+def resize_in_layout(x: np.ndarray, size: tuple[int, int], channels_last: bool) -> np.ndarray:
+    """:func:`resize_images` of ``[..., H, W]`` or, channels last, of ``[..., H, W, C]``."""
+    if not channels_last:
+        return resize_images(x, size)
+    return np.moveaxis(resize_images(np.moveaxis(x, -1, -3), size), -3, -1)
+
+
 class ResizeObservation(EnvWrapper):
     def __init__(self, env: MultiAgentEnv, size: tuple[int, int]):
         super().__init__(env)
@@ -120,13 +128,8 @@ class ResizeObservation(EnvWrapper):
         if self.resize_state:
             self.spec.state_shape = (state[0], *self.size)
 
-    def _resize(self, g: str, o: np.ndarray) -> np.ndarray:
-        if not self.channels_last[g]:
-            return resize_images(o, self.size)
-        return np.moveaxis(resize_images(np.moveaxis(o, -1, -3), self.size), -3, -1)
-
     def observe(self, ob: Observation, first: bool) -> Observation:
-        obs = {g: self._resize(g, o) for g, o in ob.obs.items()}
+        obs = {g: resize_in_layout(o, self.size, self.channels_last[g]) for g, o in ob.obs.items()}
         state = resize_images(ob.state, self.size) if self.resize_state else ob.state
         final = getattr(ob, "final", None)
         return replace(ob, obs=obs, state=state, **({"final": self.observe(final, first)} if final is not None else {}))
@@ -165,9 +168,7 @@ class ShrinkImages(EnvWrapper):
 
     def _shrink(self, g: str, o: np.ndarray) -> np.ndarray:
         last, (h, w), size = self.plan[g]
-        if not last:
-            return resize_images(o[..., :h, :w], size)
-        return np.moveaxis(resize_images(np.moveaxis(o[..., :h, :w, :], -1, -3), size), -3, -1)
+        return resize_in_layout(o[..., :h, :w, :] if last else o[..., :h, :w], size, last)
 
     def observe(self, ob: Observation, first: bool) -> Observation:
         obs = {g: self._shrink(g, o) if g in self.plan else o for g, o in ob.obs.items()}
