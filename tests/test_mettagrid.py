@@ -99,30 +99,42 @@ def test_the_real_games_tokens_match_the_reference_at_every_step():
     rng = np.random.default_rng(0)
     for _ in range(30):
         env.step({a: int(rng.integers(5)) for a in env.agents})
-        tokens = env._sim._c_sim.observations()
+        tokens = env._game.observations()
         expected = reference_images(tokens, info.obs_height, info.obs_width, normalisation)
         np.testing.assert_allclose(env.grid(tokens) / 255.0, expected, atol=0.5 / 255)
     # walls and hearts in view, and the global tokens at the centre
     assert (tokens[:, :, 0] == GLOBAL).any() and expected.any(axis=(0, 1, 2)).sum() >= 4
 
 
-def test_the_games_cpp_step_alone_plays_the_game_of_the_simulations_step():
-    """The adapter steps mettagrid's C++ game itself where the Simulation's step would add only its
-    timers: the same views, rewards and ends at every step, through two episodes; a game with an
-    event handler (a game-stat threshold ends its episodes) keeps the Simulation's step."""
+def test_the_game_built_from_one_converted_config_plays_the_game_of_mettagrids_simulation():
+    """The env builds each episode's C++ game from a config converted once and steps the C++ game
+    alone; mettagrid's own Simulation, given the same config and seed, converts it anew and steps
+    through its timers. The same views, rewards and ends at every step, through three episodes. A
+    game with an event handler (a game-stat threshold ends its episodes) keeps the Simulation."""
     from mettagrid.config.mettagrid_config import MettaGridConfig
+    from mettagrid.policy.policy_env_interface import PolicyEnvInterface
+    from mettagrid.simulator import Simulation
     from marlkit.envs.mettagrid import MettaGridEnv, forage_config
-    direct, through = parallel_env(**SMALL, tags="planes"), parallel_env(**SMALL, tags="planes")
+    env = parallel_env(**SMALL, tags="planes")
+    names = PolicyEnvInterface.from_mg_cfg(env.cfg).action_names   # the policy's actions, by name
     rng = np.random.default_rng(1)
-    for episode in range(2):
-        np.testing.assert_array_equal(direct.reset_arrays(seed=episode)[0], through.reset_arrays(seed=episode)[0])
-        assert direct._step == direct._sim._c_sim.step
-        through._step = through._sim.step
+    for episode in range(3):
+        views = env.reset_arrays(seed=episode if episode < 2 else None)[0]
+        seed = env.cfg.game.map_builder.seed   # the episode's, drawn from reset's
+        sim = Simulation(MettaGridConfig.model_validate(env.cfg.model_dump()), seed=seed)
+        np.testing.assert_array_equal(views, env.grid(sim._c_sim.observations()))
         for t in range(SMALL["max_steps"]):
             actions = rng.integers(5, size=SMALL["num_agents"])
-            for a, b in zip(direct.step_arrays(actions)[:4], through.step_arrays(actions)[:4]):
+            for i, a in enumerate(actions):
+                sim.agent(i).set_action(names[a])
+            sim.step()
+            game = sim._c_sim
+            expected = (env.grid(game.observations()), game.rewards(), game.terminals(), game.truncations())
+            for a, b in zip(env.step_arrays(actions)[:4], expected):
                 np.testing.assert_array_equal(a, b)
-        assert a.all() and through._sim.is_done()   # truncated at max_steps on both
+        assert a.all() and sim.is_done()   # truncated at max_steps on both
+        sim.close()
+    assert env._sim is None and env._step == env._game.step
     cfg = forage_config(**SMALL)
     cfg.game.end_episode_on_game_stats = {"heart.gained": 3.0}
     watched = MettaGridEnv(MettaGridConfig.model_validate(cfg.model_dump()))

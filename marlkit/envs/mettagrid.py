@@ -140,8 +140,8 @@ class MettaGridEnv(ArrayParallelEnv):
     over a mettagrid config: agents ``agent_0 ..``, observations ``[H, W, C]`` uint8 images
     (declared: ``channels_last``), ``Discrete`` actions.
 
-    It drives mettagrid's ``Simulation`` itself (one C++ game per episode, as mettagrid's own
-    PettingZoo and PufferLib envs do) and declares no ``state_space``: mettagrid's PettingZoo env
+    It builds mettagrid's C++ game itself, one per episode as mettagrid's own PettingZoo and PufferLib
+    envs do through its ``Simulation``, and declares no ``state_space``: mettagrid's PettingZoo env
     declares one whose ``state()`` is all zeros, while marlkit's default state stacks the agents'
     views. Each episode's map and game take a seed drawn from the one given to ``reset``.
     """
@@ -163,9 +163,20 @@ class MettaGridEnv(ArrayParallelEnv):
         self.agents: list[str] = []
         self._obs_space = spaces.Box(0, 255, self.grid.shape, np.uint8)
         self._act_space = spaces.Discrete(len(info.action_names))
-        self._action_names = info.action_names
-        self._action_ids = np.zeros(0, np.int32)   # policy action index -> the game's, set per game
-        self._sim = None
+        game_ids = {action.name: i for i, action in enumerate(cfg.game.actions.actions())}   # as Simulation's
+        self._action_ids = np.array([game_ids[name] for name in info.action_names], np.int32)  # policy's -> game's
+        # mettagrid's Simulation converts the whole config for C++ at every episode, a third of a new
+        # game's time: a game that needs nothing of the Simulation (no event handler: a config's
+        # end_episode_on_game_stats adds one; no talk, which nothing here sends) is built here from
+        # one conversion, as the Simulation builds it. Its step is the C++ step alone: the
+        # Simulation's own adds timers that cost as much Python per step as the game's C++ (docs/envs.md)
+        self._cpp_config = self._agent_renames = None
+        if not cfg.game.end_episode_on_game_stats:
+            from mettagrid.config.mettagrid_c_config import convert_to_cpp_game_config
+            # on a copy: the conversion fills in the config it is given
+            self._cpp_config, self._agent_renames = convert_to_cpp_game_config(cfg.game.model_copy(deep=True))
+        self._sim = None    # mettagrid's Simulation, for a game that needs it
+        self._game = None   # the C++ game
         self._step = None
         self._rng = np.random.default_rng()
 
@@ -176,30 +187,33 @@ class MettaGridEnv(ArrayParallelEnv):
         return self._act_space
 
     def reset_arrays(self, seed: int | None = None):
-        from mettagrid.simulator import Simulation
-
         if seed is not None:
             self._rng = np.random.default_rng(seed)
-        if self._sim is not None:
-            self._sim.close()
+        self.close()
         episode_seed = int(self._rng.integers(2**31))
         self.cfg.game.map_builder.seed = episode_seed
-        # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
-        self._sim = Simulation(self.cfg, seed=episode_seed)
-        self._action_ids = np.array([self._sim.action_ids[name] for name in self._action_names], np.int32)
-        # the C++ step alone where the Simulation's own step adds nothing but its timers: no event
-        # handler (a config's end_episode_on_game_stats adds one) and no talk, which nothing here
-        # sends. Its timers cost as much Python per step as the game's C++ (docs/envs.md)
-        plain = not getattr(self._sim, "_event_handlers", True)
-        self._step = self._sim._c_sim.step if plain else self._sim.step
-        return self.grid(self._sim._c_sim.observations()), {}
+        if self._cpp_config is None:
+            from mettagrid.simulator import Simulation
+            # a Simulation of its own, not a Simulator's: that would add a count of past games to the map's seed
+            self._sim = Simulation(self.cfg, seed=episode_seed)
+            self._game, self._step = self._sim._c_sim, self._sim.step
+        else:
+            from mettagrid.config.mettagrid_c_config import rename_map_agents
+            from mettagrid.mettagrid_c import MettaGrid
+
+            grid = self.cfg.game.map_builder.create().build_for_num_agents(self.cfg.game.num_agents).grid.tolist()
+            if self._agent_renames:
+                grid = rename_map_agents(grid, self._agent_renames)
+            self._game = MettaGrid(self._cpp_config, grid, episode_seed)
+            self._step = self._game.step
+        return self.grid(self._game.observations()), {}
 
     def step_arrays(self, actions: np.ndarray):
-        c_sim = self._sim._c_sim   # the game's own arrays, as mettagrid's PettingZoo and PufferLib envs read them
-        c_sim.actions()[:] = self._action_ids[actions]
+        game = self._game   # the game's own arrays, as mettagrid's PettingZoo and PufferLib envs read them
+        game.actions()[:] = self._action_ids[actions]
         self._step()
-        return (self.grid(c_sim.observations()), c_sim.rewards().astype(np.float32),
-                c_sim.terminals().astype(bool), c_sim.truncations().astype(bool), {})
+        return (self.grid(game.observations()), game.rewards().astype(np.float32),
+                game.terminals().astype(bool), game.truncations().astype(bool), {})
 
     def render(self):
         return None
@@ -207,7 +221,7 @@ class MettaGridEnv(ArrayParallelEnv):
     def close(self):
         if self._sim is not None:
             self._sim.close()
-            self._sim = None
+        self._sim = self._game = self._step = None
 
 
 def parallel_env(map: str = "forage", num_agents: int = 4, width: int = 32, height: int = 32, hearts: int = 16,
