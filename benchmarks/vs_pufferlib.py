@@ -115,13 +115,15 @@ def marlkit_side(updates: int) -> dict:
     settings = (mappo.lr, mappo.epochs, mappo.minibatches, mappo.chunk_length, mappo.entropy_coef)
     assert settings == (LR, EPOCHS, MINIBATCHES, CHUNK, ENTROPY), f"the YAML changed: {settings}"
     torch.set_num_threads(1)
+    # the YAML's map and tags, the views it trains on; built before the timer, as PufferLib's side
+    # imports mettagrid's modules there: the env imports them when it is first built
+    env = parallel_env(**cfg.env.kwargs)
     with tempfile.TemporaryDirectory() as root:
         start_wall, start_cpu = time.perf_counter(), cpu_seconds()
         result = marlkit.run(agent="MAPPO", env=ENV, seed=1, logger="none",
                              **{**overrides, "runner.run_root": root})
         wall, cpu = time.perf_counter() - start_wall, cpu_seconds() - start_cpu
         weights = torch.load(result.run_dir / "latest.pt", map_location="cpu", weights_only=False)
-    env = parallel_env(**cfg.env.kwargs)   # the YAML's map and tags: the views it trained on
     return {"wall_s": wall, "cpu_s": cpu, "env_steps": result.steps, "parameters": _parameters(weights),
             "obs_shape": list(env.observation_space("agent_0").shape),
             "losses": {k: v for k, v in result.metrics.items() if k.endswith(("_loss", "entropy"))}}

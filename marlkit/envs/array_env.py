@@ -127,10 +127,12 @@ def env_actions(joint: np.ndarray, acting: np.ndarray, space: spaces.Space, name
     if isinstance(space, (spaces.Discrete, spaces.MultiDiscrete)):
         index = joint.astype(np.int64)
         high = space.n if isinstance(space, spaces.Discrete) else space.nvec
-        bad = acting & ((index < 0) | (index >= high)).reshape(len(index), -1).any(1)
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise bad_action(names[i], index[i], space, t)
+        outside = (index < 0) | (index >= high)
+        if outside.any():   # an absent agent's entry is ignored, whatever it holds
+            bad = acting & outside.reshape(len(index), -1).any(1)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise bad_action(names[i], index[i], space, t)
         return index + space.start
     return joint
 

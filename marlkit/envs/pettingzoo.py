@@ -126,16 +126,15 @@ def default_state(obs_spaces: list[spaces.Space], mode: str = "auto",
 
 def _channels_first(images: np.ndarray, channels_last: bool | None) -> np.ndarray:
     """A group's images ``[A, H, W, C]`` or ``[A, C, H, W]`` (``channels_last``; None: guessed from
-    the shape) -> ``[A * C, h, w]``, shrunk to at most ``STATE_SIDE`` a side by averaging whole
-    blocks (the rows and columns left over are dropped)."""
+    the shape) -> ``[A, C, h, w]`` (a view where nothing is shrunk), shrunk to at most
+    ``STATE_SIDE`` a side by averaging whole blocks (the rows and columns left over are dropped)."""
     if is_channels_last(images.shape[1:]) if channels_last is None else channels_last:
         images = images.transpose(0, 3, 1, 2)
-    images = images.reshape(-1, *images.shape[2:])
-    fh, fw = state_factors(*images.shape[1:])
+    fh, fw = state_factors(*images.shape[2:])
     if (fh, fw) == (1, 1):
         return images
-    h, w = images.shape[1] // fh, images.shape[2] // fw
-    return resize_images(images[:, :h * fh, :w * fw], (h, w))
+    h, w = images.shape[2] // fh, images.shape[3] // fw
+    return resize_images(images[..., :h * fh, :w * fw], (h, w))
 
 
 def pad_group_spaces(group: str, names: list[str], obs_spaces: dict, act_spaces: dict) -> tuple[spaces.Box, spaces.Discrete]:
@@ -374,30 +373,38 @@ class PettingZooEnv(MultiAgentEnv):
             if not inside.all():
                 raise EnvAPIError(f"step {self._t}: observation of agent {names[int(np.argmin(inside))]!r} lies "
                                   f"outside its observation_space {space} (set env.check_api: false to skip this check)")
-        out = empty_observation(self.spec)
         mask = info.get("action_mask")
+        n_actions = self.groups[next(iter(self.groups))].n_actions
         if mask is not None:
             mask = np.asarray(mask, dtype=bool)
-            n_actions = self.groups[next(iter(self.groups))].n_actions
             if mask.shape != (rows.n, n_actions):
                 raise EnvAPIError(f"step {self._t}: info['action_mask'] has shape {mask.shape}, "
                                   f"expected {(rows.n, n_actions)}")
             stuck = self._live & ~mask.any(1)
             if stuck.any():
                 raise EnvAPIError(f"step {self._t}: action_mask of agent {names[int(np.argmax(stuck))]!r} allows no action")
-        for g, r in rows.rows.items():
-            out.obs[g][:] = obs[r]
-            out.agent_mask[g][:] = self._live[r]
-            if mask is not None:
-                out.action_mask[g][:] = mask[r] | ~self._live[r, None]
+            mask = mask | ~self._live[:, None]
+        # each array built once from the env's (copies: an env may hand out buffers it refills)
+        live = self._live
+        out = Observation(
+            obs={g: np.array(obs[r], dtype=space.dtype) for g, r in rows.rows.items()},
+            state=np.empty(self.spec.state_shape, self.spec.state_dtype),   # _fill_state writes all of it
+            agent_mask={g: np.array(live[r]) for g, r in rows.rows.items()},
+            action_mask={g: np.array(mask[r]) if mask is not None else np.ones((len(live[r]), n_actions), bool)
+                         for g, r in rows.rows.items()})
         self._fill_state(out)
         return out
 
     def _fill_state(self, out: Observation) -> None:
         if self._env_state:
             out.state[:] = self._env_state_now()
-        elif self._stacked_state:
-            out.state[:] = np.concatenate([_channels_first(o, self.groups[g].channels_last) for g, o in out.obs.items()])
+        elif self._stacked_state:   # each group's images written into their channels of the state, one copy
+            at = 0
+            for g, o in out.obs.items():
+                images = _channels_first(o, self.groups[g].channels_last)
+                channels = images.shape[0] * images.shape[1]
+                out.state[at:at + channels].reshape(images.shape)[...] = images
+                at += channels
         else:
             out.state[:] = np.concatenate([o.reshape(-1) for o in out.obs.values()]) if self.groups else 0
 
