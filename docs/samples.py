@@ -72,7 +72,17 @@ def spans() -> dict[str, list[Path]]:
 
 
 def produce(run: Run) -> dict[str, str]:
-    """Runs the command in a scratch directory (so it prints ``runs/...`` paths) and cuts its spans."""
+    """Runs the command and cuts its spans."""
+    return spans_of(run, *execute(run))
+
+
+def spans_of(run: Run, output: str, report: dict) -> dict[str, str]:
+    return {name: make(output, report) for name, make in run.spans.items()}
+
+
+def execute(run: Run) -> tuple[str, dict]:
+    """Runs the command in a scratch directory (so it prints ``runs/...`` paths) -> (what it printed,
+    its benchmark.json)."""
     with tempfile.TemporaryDirectory(prefix="marlkit-samples-") as cwd:
         cmd = [sys.executable, "-m", *run.command, *QUIET]   # the marlkit of this interpreter
         done = subprocess.run(cmd, cwd=cwd, env={**os.environ, **EXACT}, capture_output=True, text=True)
@@ -81,8 +91,7 @@ def produce(run: Run) -> dict[str, str]:
         found = re.search(r"report: (\S+)", done.stdout)
         if found is None:
             raise RuntimeError(f"{' '.join(run.command)} printed no 'report:' line:\n{done.stdout[-2000:]}")
-        report = json.loads((Path(cwd) / found[1]).read_text())
-        return {name: make(done.stdout, report) for name, make in run.spans.items()}
+        return done.stdout, json.loads((Path(cwd) / found[1]).read_text())
 
 
 def normalised(text: str) -> str:

@@ -330,7 +330,9 @@ def test_each_player_is_credited_with_its_own_kills_and_infighting_with_none():
     """defend_the_center without respawns: player_0 turns and fires, player_1 never fires; every
     kill of the team is player_0's. deathmatch.cfg with both players idle: the monsters kill each
     other, which the level counts and no player is credited with (an idle player's only kills are
-    telefrags, on a respawn onto a monster)."""
+    telefrags, on a respawn onto a monster). A network game is not replayed by its seed: the same
+    seed gave 4 to 22 kills by monsters in an episode, so any of them (a count that credited the
+    level's kills to the players would show none) is the evidence."""
     fire = {"buttons": ["ATTACK", "TURN_LEFT"], "actions": [[], ["TURN_LEFT", "ATTACK"]]}
     env = DoomCoopEnv(scenario="defend_the_center.cfg", players=2, respawn=False, episode_timeout=1050, **fire)
     try:
@@ -349,7 +351,7 @@ def test_each_player_is_credited_with_its_own_kills_and_infighting_with_none():
         while env.agents:
             _, _, _, _, infos = env.step({a: 0 for a in env.agents})
         stats = env.episode_stats()
-        assert stats["damage"] == 0 and stats["level_kills"] - stats["kills"] >= 5, stats
+        assert stats["damage"] == 0 and stats["level_kills"] > stats["kills"], stats
         assert all(stats[f"kills_{a}"] <= infos[a]["deaths"] for a in env.possible_agents), (stats, infos)
     finally:
         env.close()

@@ -105,10 +105,12 @@ def _weights(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.exact
+@pytest.mark.exact_transport
 def test_training_on_the_cluster_is_identical_to_worker_processes_and_resumes_across_modes(cluster, tiny):
     """The driver acts for the Ray actors, the subprocess workers for themselves: with the acting
-    blocks of ``runner.act_batch`` they act on the same batches, and train alike bit for bit."""
+    blocks of ``runner.act_batch`` they act on the same batches, and train alike bit for bit. (That
+    the blocks of act_batch make training independent of how the envs are split, under each CPU
+    capability's kernels, is test_vector's exact test of resuming with another worker count.)"""
     settings = {**tiny, "runner.parallels": 4, "runner.horizon": 25, "runner.workers": 2,
                 "runner.save_interval": 300, "runner.act_batch": 2}
 
