@@ -271,9 +271,10 @@ def test_listed_benchmark_runs_and_mpe_tag_with_mappo_opponents(tiny):
 
 @pytest.mark.slow
 def test_learns_on_mpe_spread(tiny):
-    """Clearly better than the random policy (about -26.6, mean over agents) within 60k env steps:
-    -22.4 here."""
-    run = marlkit.run(agent="COMA", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 60_000})
+    """Clearly better than the random policy (about -26.6, mean over agents) within 40k env steps:
+    the last 64 episodes give -20.8, -21.6 and -20.3 on seeds 1 to 3 (from 20k on, COMA moves
+    between about -20.5 and -23.5 here; seed 2 dipped to -25.5 at 55k)."""
+    run = marlkit.run(agent="COMA", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 40_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -26.6 + 2.0, late
     assert run.metrics["agents/entropy"] > 0.5          # still exploring: the actor has not locked on

@@ -232,11 +232,12 @@ def test_one_mat_group_beside_a_mappo_group_on_mpe_tag(tiny):
 
 @pytest.mark.slow
 def test_learns_on_mpe_spread(tiny):
-    """Clearly better than random play (about -26.6, mean over agents) within 40k env steps. With
+    """Clearly better than random play (about -26.6, mean over agents) within 30k env steps. With
     the env workers of the packaged YAML (the rollout overlapping the update), at 20k the bar sat
     within the spread of seeds (-24.5, -25.1 and -23.0 on seeds 1 to 3); at 40k they give -23.0,
-    -23.2 and -21.1. Here, envs stepped in this process: -19.6."""
-    run = marlkit.run(agent="MAT", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 40_000})
+    -23.2 and -21.1. Here, envs stepped in this process, the last 64 episodes give -21.8, -22.2 and
+    -21.7 at 30k on seeds 1 to 3 (-19.6, -21.7 at 40k on seeds 1 and 2)."""
+    run = marlkit.run(agent="MAT", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 30_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -24.0, late
 

@@ -83,9 +83,10 @@ def test_settings_that_cannot_work_fail_before_any_env():
 
 @pytest.mark.slow
 def test_learns_on_mpe_spread(tiny):
-    """Clearly better than the random policy (about -26.6, mean over agents) within 30k env steps,
-    the budget MAPPO and IPPO are held to (tests/test_agents.py): -21.6 here."""
-    run = marlkit.run(agent="POCA", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 30_000})
+    """Clearly better than the random policy (about -26.6, mean over agents) within 20k env steps:
+    the last 64 episodes give -21.3, -22.3 and -22.5 on seeds 1 to 3 (-21.6, -21.9 and -23.0 at
+    30k, the budget MAPPO is held to in tests/test_agents.py)."""
+    run = marlkit.run(agent="POCA", env="mpe_spread", seed=1, **{**tiny, **LEARNING, "runner.total_steps": 20_000})
     late = np.mean([r["agents"] for r in run.episode_returns[-64:]])
     assert late > -26.6 + 2.0, late
     assert np.isfinite(run.metrics["agents/baseline_loss"])
